@@ -392,6 +392,7 @@ func StopRuleObservations(x *stoprule.Observations) *tetherv1.StopRuleObservatio
 		SubtreeCallSecondsTotal: x.SubtreeCallSecondsTotal,
 		SubtreeCallSecondsMax:   x.SubtreeCallSecondsMax,
 		SubtreeCallsInFlight:    x.SubtreeCallsInFlight,
+		SubtreeCallsInFlightMax: x.SubtreeCallsInFlightMax,
 	}
 }
 
@@ -428,6 +429,7 @@ func StopRuleObservationsFromProto(p *tetherv1.StopRuleObservations) *stoprule.O
 		SubtreeCallSecondsTotal: p.SubtreeCallSecondsTotal,
 		SubtreeCallSecondsMax:   p.SubtreeCallSecondsMax,
 		SubtreeCallsInFlight:    p.SubtreeCallsInFlight,
+		SubtreeCallsInFlightMax: p.SubtreeCallsInFlightMax,
 	}
 }
 

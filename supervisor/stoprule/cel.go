@@ -132,6 +132,7 @@ var observedFields = []observedField{
 	doubleField("subtree_call_seconds_total", func(o *Observations) *float64 { return &o.SubtreeCallSecondsTotal }),
 	doubleField("subtree_call_seconds_max", func(o *Observations) *float64 { return &o.SubtreeCallSecondsMax }),
 	intField("subtree_calls_in_flight", func(o *Observations) *int64 { return &o.SubtreeCallsInFlight }),
+	intField("subtree_calls_in_flight_max", func(o *Observations) *int64 { return &o.SubtreeCallsInFlightMax }),
 }
 
 var observedByName = func() map[string]*observedField {

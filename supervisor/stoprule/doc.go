@@ -51,11 +51,14 @@
 //     only for rules that read them (the revocations charged to the tree's
 //     turns a read more per grantsPerRead grants the node holds); those
 //     rules, and rules that read the clock, are evaluated again every Tick
-//     for the nodes they apply to. Each time Run starts it compiles the
+//     for the nodes they apply to (a tick walks the subtrees such rules are
+//     attached to, and every node only for an operator's selector rule). Each time Run starts it compiles the
 //     rules of the subtrees with a node still judged, not those of
 //     subtrees wholly terminated (Add refuses a rule on a terminated
 //     node), and it lets a node's rules go when the last running node of
-//     its subtree terminates.
+//     its subtree terminates, and takes none read after that end (a rule
+//     stored before the latest revision of the nodes it has read, on a
+//     node with no running node below it).
 //     A call still open counts its time up to the instant it is judged
 //     (the node's own read from the ledger, its descendants' from their
 //     shard totals: how many are open and their begin times added up; the
@@ -63,6 +66,12 @@
 //     in its slot and the earliest of those it lists by begin time), so
 //     rules on call time are evaluated again every Tick at the nodes
 //     whose last evaluation found calls open in their subtree.
+//   - subtree_calls_in_flight_max is the evaluator's own count (peak.go):
+//     at a node where a rule reading it is evaluated, it starts from that
+//     evaluation's snapshot and takes each later change of the node's
+//     records from its watch, in commit order, so a burst begun and ended
+//     across the children between two evaluations is seen at its peak
+//     (since the count began: a restart starts it again from the level).
 //   - A rule that is true files its proposal and its fired mark in one
 //     transaction (file), so it fires once per node, across crashes and
 //     leader changes; the policy's decision, and the termination it

@@ -126,6 +126,10 @@ type Compiled struct {
 	// every tick for such rules, and reads the node's own open calls for
 	// them alone.
 	UsesCallTime bool
+	// UsesSubtreePeak: the expression reads subtree_calls_in_flight_max,
+	// for which the evaluator counts the subtree's calls in flight from
+	// each change of its totals (subtreePeak).
+	UsesSubtreePeak bool
 }
 
 // Compile parses, type-checks and cost-checks an expression. Errors wrap
@@ -174,6 +178,8 @@ func Compile(expression string) (*Compiled, error) {
 			c.UsesRevocations = true
 		case "subtree_calls", "subtree_failures", "subtree_calls_by_outcome", "subtree_calls_in_flight":
 			c.UsesSubtree = true
+		case "subtree_calls_in_flight_max":
+			c.UsesSubtree, c.UsesSubtreePeak = true, true
 		case "subtree_call_seconds_total", "subtree_call_seconds_max":
 			c.UsesSubtree, c.UsesCallTime = true, true
 		case "call_seconds_total", "call_seconds_max":
@@ -187,6 +193,7 @@ func Compile(expression string) (*Compiled, error) {
 	}
 	if readsObservedOpaquely(native) {
 		c.UsesTime, c.UsesLeases, c.UsesRevocations, c.UsesSubtree, c.UsesSubtreeTools, c.UsesCallTime = true, true, true, true, true, true
+		c.UsesSubtreePeak = true
 	}
 	return c, nil
 }

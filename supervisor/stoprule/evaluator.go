@@ -39,6 +39,16 @@ type index struct {
 	dirty     *fairQueue      // marked for evaluation, by tree (fair.go)
 	retry     map[string]bool // failed evaluations, marked again at the next tick
 	timed     int             // rules evaluated every tick (polled)
+	// timedAt counts the polled rules attached to each node, timedSel the
+	// polled selector rules: a tick walks the subtrees of the first, and
+	// every node only for the second (an operator's).
+	timedAt  map[string]int
+	timedSel int
+	// subAt counts the rules reading the subtree's totals attached to each
+	// node, subSel the selector rules reading them: a descendant's call
+	// marks an ancestor when its lineage has one (markForSubtree).
+	subAt  map[string]int
+	subSel int
 	// open holds the nodes whose last evaluation of a rule on call time
 	// found calls open in their subtree: judged again every tick while
 	// they are (markTimed), as their calls' time grows with the clock.
@@ -48,6 +58,20 @@ type index struct {
 	// attached to the node are in effect nowhere ever again (a terminated
 	// node spawns no child), and the index lets them go (dropDead).
 	judgedBelow map[string]int
+	// nodesRev is the latest revision the evaluator has read of the
+	// nodes (its scan's, then its nodes' watch's): every node's change
+	// committed before it has been read. A rule on a node not judged,
+	// stored before it, is on a subtree already wholly terminated
+	// (deadOnArrival).
+	nodesRev uint64
+	// peaks counts the subtree's calls in flight of each node at which a
+	// rule reading subtree_calls_in_flight_max was evaluated, from each
+	// change of its records (peak.go).
+	peaks map[string]*subtreePeak
+	// tickVisits counts the nodes the last tick's markTimed looked at.
+	tickVisits int
+	// subtreeLooks counts what markForSubtree looked at, for tests.
+	subtreeLooks int
 }
 
 // Run is the level-triggered evaluator. It watches the rules, the
@@ -156,13 +180,14 @@ const evaluateSlice = 256
 func (r *Rules) load(ctx context.Context) (*index, error) {
 	ix := &index{byNode: map[string][]*activeRule{}, selectors: map[string]*activeRule{}, byID: map[string]*activeRule{},
 		nodes: map[string]nodeInfo{}, children: map[string]map[string]bool{}, dirty: newFairQueue(), retry: map[string]bool{}, open: map[string]bool{},
-		judgedBelow: map[string]int{}}
+		judgedBelow: map[string]int{}, peaks: map[string]*subtreePeak{}, timedAt: map[string]int{}, subAt: map[string]int{}}
 	var rules []*Rule
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
 		if rules, err = allRules(tx); err != nil {
 			return err
 		}
+		ix.nodesRev = tx.Revision()
 		return tx.Scan([]byte(tree.NodePrefix), nil, func(_, v []byte) error {
 			n := &tree.Node{}
 			if err := tree.UnmarshalNode(v, n); err != nil {
@@ -202,8 +227,20 @@ func (ix *index) putNode(n *tree.Node) {
 	}
 	if _, known := ix.nodes[n.NodeID]; !known {
 		ix.judgedBelow[n.NodeID]++
-		for _, anc := range n.Ancestors {
+		for i, anc := range n.Ancestors {
 			ix.judgedBelow[anc]++
+			// The lineage's links too, not only the parent's: an ancestor
+			// terminated before its descendants (a termination's chunks)
+			// is never put, and a walk of a subtree above it (markSubtree,
+			// markTimed) would stop there.
+			below := n.NodeID
+			if i+1 < len(n.Ancestors) {
+				below = n.Ancestors[i+1]
+			}
+			if ix.children[anc] == nil {
+				ix.children[anc] = map[string]bool{}
+			}
+			ix.children[anc][below] = true
 		}
 	}
 	ix.nodes[n.NodeID] = nodeInfo{ancestors: n.Ancestors, labels: n.Labels}
@@ -225,10 +262,13 @@ func (ix *index) dropNode(id string) {
 	n, known := ix.nodes[id]
 	delete(ix.nodes, id)
 	delete(ix.open, id)
+	delete(ix.peaks, id)
 	if !known {
 		return
 	}
-	for _, x := range append([]string{id}, n.ancestors...) {
+	lineage := append(slices.Clone(n.ancestors), id)
+	for i := len(lineage) - 1; i >= 0; i-- {
+		x := lineage[i]
 		if ix.judgedBelow[x]--; ix.judgedBelow[x] > 0 {
 			continue
 		}
@@ -238,6 +278,13 @@ func (ix *index) dropNode(id string) {
 		}
 		delete(ix.byNode, x)
 		delete(ix.children, x)
+		// Its parent's link to it too: a walk of the parent's subtree
+		// (markSubtree, markTimed) no longer steps over it.
+		if i > 0 {
+			if kids := ix.children[lineage[i-1]]; kids != nil {
+				delete(kids, x)
+			}
+		}
 	}
 }
 
@@ -284,6 +331,18 @@ func (r *Rules) putRule(ix *index, rule *Rule) {
 	ix.byID[rule.RuleID] = a
 	if a.polled() {
 		ix.timed++
+		if rule.NodeID != "" {
+			ix.timedAt[rule.NodeID]++
+		} else {
+			ix.timedSel++
+		}
+	}
+	if a.compiled.UsesSubtree {
+		if rule.NodeID != "" {
+			ix.subAt[rule.NodeID]++
+		} else {
+			ix.subSel++
+		}
 	}
 	if rule.NodeID != "" {
 		ix.byNode[rule.NodeID] = append(ix.byNode[rule.NodeID], a)
@@ -317,6 +376,24 @@ func (ix *index) removeRule(ruleID string) {
 	delete(ix.selectors, ruleID)
 	if a.polled() {
 		ix.timed--
+		switch {
+		case a.rule.NodeID == "":
+			ix.timedSel--
+		case ix.timedAt[a.rule.NodeID] > 1:
+			ix.timedAt[a.rule.NodeID]--
+		default:
+			delete(ix.timedAt, a.rule.NodeID)
+		}
+	}
+	if a.compiled.UsesSubtree {
+		switch {
+		case a.rule.NodeID == "":
+			ix.subSel--
+		case ix.subAt[a.rule.NodeID] > 1:
+			ix.subAt[a.rule.NodeID]--
+		default:
+			delete(ix.subAt, a.rule.NodeID)
+		}
 	}
 	if list := ix.byNode[a.rule.NodeID]; len(list) > 0 {
 		out := list[:0:0]
@@ -386,10 +463,37 @@ func (ix *index) markTimed() {
 		}
 		ix.dirty.mark(rootOf(id, n.ancestors), id)
 	}
+	ix.tickVisits = 0
 	if ix.timed == 0 {
 		return
 	}
+	if ix.timedSel == 0 {
+		// The polled rules are attached ones: in effect at their nodes'
+		// subtrees alone, walked each once. Every running node was looked
+		// at, its rules in effect listed, as soon as one such rule was
+		// stored anywhere: a rogue's rule on the clock made each tick walk
+		// the whole cluster.
+		seen := map[string]bool{}
+		for root := range ix.timedAt {
+			stack := []string{root}
+			for len(stack) > 0 {
+				id := stack[len(stack)-1]
+				stack = stack[:len(stack)-1]
+				if seen[id] {
+					continue
+				}
+				seen[id] = true
+				ix.tickVisits++
+				ix.markNode(id)
+				for c := range ix.children[id] {
+					stack = append(stack, c)
+				}
+			}
+		}
+		return
+	}
 	for id, n := range ix.nodes {
+		ix.tickVisits++
 		for _, a := range ix.inEffect(id, n) {
 			if a.polled() {
 				ix.dirty.mark(rootOf(id, n.ancestors), id)
@@ -418,23 +522,32 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 				continue
 			}
 			rule := &Rule{}
-			if storecodec.Unmarshal(ev.Value, rule) == nil {
+			if storecodec.Unmarshal(ev.Value, rule) == nil && !ix.deadOnArrival(rule, ev.Revision) {
 				r.putRule(ix, rule)
 			}
 		case isUnder(ev.Key, prefixObs):
-			ix.markNode(tail(ev.Key, prefixObs))
+			id := tail(ev.Key, prefixObs)
+			ix.markNode(id)
+			if p := ix.peaks[id]; p != nil {
+				p.takeOwn(ev)
+			}
 		case isUnder(ev.Key, prefixGrow):
 			ix.markNode(keyNode(ev.Key, prefixGrow))
 		case isUnder(ev.Key, prefixSub):
 			// A descendant's call: its ancestors are judged again only
 			// for rules that read the subtree's calls, so an ordinary
 			// call costs the evaluator its own node, not its lineage.
-			ix.markForSubtree(keyNode(ev.Key, prefixSub))
+			id := keyNode(ev.Key, prefixSub)
+			ix.markForSubtree(id)
+			if p := ix.peaks[id]; p != nil {
+				p.takeShard(tail(ev.Key, prefixSub+id+"/"), ev)
+			}
 		case isUnder(ev.Key, prefixSubSelf):
 			ix.markForSubtree(keyNode(ev.Key, prefixSubSelf))
 		case isUnder(ev.Key, prefixSelf):
 			ix.markNode(tail(ev.Key, prefixSelf))
 		case isUnder(ev.Key, tree.NodePrefix):
+			ix.nodesRev = max(ix.nodesRev, ev.Revision)
 			if ev.Type == store.EventDelete {
 				ix.dropNode(tail(ev.Key, tree.NodePrefix))
 				continue
@@ -447,18 +560,53 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 	}
 }
 
+// deadOnArrival reports whether rule, stored at revision rev, is attached
+// to a subtree the evaluator has already seen wholly terminated: its node
+// has no running node below it and the evaluator has read the nodes past
+// rev, so the node's spawn was read (Add stores a rule only on a node not
+// terminated) and so was its subtree's end. The rules and the nodes are two
+// watches, read in either order: a rule attached just before its node
+// ended, read after the end, was held compiled until the evaluator
+// restarted (dropNode had let go of the node's rules before it came), and
+// a rogue attaching its allotment to each child it ended at once grew the
+// leader's memory at will. A rule read before its node's spawn (rev past
+// nodesRev) is held: the spawn is still to come, or the end, which lets it
+// go. Revisions equal (a backend merging commits) are not decided: held.
+func (ix *index) deadOnArrival(rule *Rule, rev uint64) bool {
+	return rule.NodeID != "" && ix.judgedBelow[rule.NodeID] == 0 && ix.nodesRev > rev
+}
+
 // markForSubtree marks node id when a rule in effect at it reads the
-// subtree's totals.
+// subtree's totals: one attached to it or an ancestor (a lookup a level),
+// or a selector rule matching it. It listed every rule in effect at the
+// node, for every ancestor of every call: a rogue whose chain of
+// descendants each held its allotment of rules had each call at the
+// bottom make the evaluator list thousands, uncharged.
 func (ix *index) markForSubtree(id string) {
 	n, ok := ix.nodes[id]
 	if !ok {
 		return
 	}
-	for _, a := range ix.inEffect(id, n) {
-		if a.compiled.UsesSubtree {
-			ix.dirty.mark(rootOf(id, n.ancestors), id)
-			return
+	reads := ix.subAt[id] > 0
+	ix.subtreeLooks++
+	for _, anc := range n.ancestors {
+		if reads {
+			break
 		}
+		ix.subtreeLooks++
+		reads = ix.subAt[anc] > 0
+	}
+	if !reads && ix.subSel > 0 {
+		for _, a := range ix.selectors {
+			ix.subtreeLooks++
+			if a.compiled.UsesSubtree && ix.selected(a, n) {
+				reads = true
+				break
+			}
+		}
+	}
+	if reads {
+		ix.dirty.mark(rootOf(id, n.ancestors), id)
 	}
 }
 
@@ -491,7 +639,7 @@ func (r *Rules) evaluateDirty(ctx context.Context, ix *index, limit int) error {
 		if len(rules) == 0 {
 			return 0, agentsToo, nil
 		}
-		cost, open, err := r.evaluateNodeOpen(ctx, id, rules)
+		cost, open, err := r.evaluateNodeOpen(ctx, id, rules, ix.peaks)
 		switch open {
 		case openSome:
 			ix.open[id] = true
@@ -546,7 +694,7 @@ var errFault = errors.New("stoprule: injected fault")
 // rule reads them, the revocations a read more per grantsPerRead grants
 // the node holds) and the CEL cost of each rule evaluated.
 func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*activeRule) (int64, error) {
-	cost, _, err := r.evaluateNodeOpen(ctx, nodeID, rules)
+	cost, _, err := r.evaluateNodeOpen(ctx, nodeID, rules, nil)
 	return cost, err
 }
 
@@ -561,8 +709,11 @@ const (
 )
 
 // evaluateNodeOpen is evaluateNode, and says whether the node has calls
-// open in its subtree when a rule evaluated reads call time.
-func (r *Rules) evaluateNodeOpen(ctx context.Context, nodeID string, rules []*activeRule) (int64, openState, error) {
+// open in its subtree when a rule evaluated reads call time. peaks are the
+// evaluator's counts of the subtrees' calls in flight (nil: none, the
+// level stands for the peak): a rule reading the peak starts the node's
+// from this evaluation's snapshot when it has none.
+func (r *Rules) evaluateNodeOpen(ctx context.Context, nodeID string, rules []*activeRule, peaks map[string]*subtreePeak) (int64, openState, error) {
 	cost := int64(evaluationBaseCost)
 	start := time.Now()
 	var node *tree.Node
@@ -570,8 +721,9 @@ func (r *Rules) evaluateNodeOpen(ctx context.Context, nodeID string, rules []*ac
 	var self map[string]float64
 	var sums *reportedSums
 	fired := map[string]bool{}
-	tools, reported, callTime := false, false, false
+	tools, reported, callTime, peaked := false, false, false, false
 	for _, a := range rules {
+		peaked = peaked || a.compiled.UsesSubtreePeak
 		tools = tools || a.compiled.UsesSubtreeTools
 		reported = reported || a.compiled.UsesSubtreeReported
 		callTime = callTime || a.compiled.UsesCallTime
@@ -584,6 +736,13 @@ func (r *Rules) evaluateNodeOpen(ctx context.Context, nodeID string, rules []*ac
 		}
 		if stored, self, decoded, err = readNodeTools(tx, nodeID, tools); err != nil {
 			return err
+		}
+		if peaked && peaks != nil && peaks[nodeID] == nil {
+			p, err := readSubtreePeak(tx, nodeID, stored.CallsInFlight)
+			if err != nil {
+				return err
+			}
+			peaks[nodeID] = p
 		}
 		if callTime {
 			if openRead, err = readOwnOpenCalls(tx, nodeID, stored); err != nil {
@@ -646,6 +805,9 @@ func (r *Rules) evaluateNodeOpen(ctx context.Context, nodeID string, rules []*ac
 	cost += int64(evaluationBaseCost * (grants / grantsPerRead))
 	if err != nil {
 		return cost, open, err
+	}
+	if p := peaks[nodeID]; peaked && p != nil {
+		observed.SubtreeCallsInFlightMax = max(observed.SubtreeCallsInFlightMax, p.now())
 	}
 	r.stats.Nodes.Add(1)
 	defer func() { r.stats.EvalNanos.Add(int64(time.Since(start))) }()

@@ -1563,6 +1563,7 @@ func subtreeCalls(o *Observations, sum subtotal) {
 	o.SubtreeCallSecondsTotal = o.CallSecondsTotal + float64(sum.nanos)/1e9
 	o.SubtreeCallSecondsMax = max(o.CallSecondsMax, float64(sum.maxNanos)/1e9)
 	o.SubtreeCallsInFlight = o.CallsInFlight + int64(min(sum.open, math.MaxInt64-uint64(max(o.CallsInFlight, 0))))
+	o.SubtreeCallsInFlightMax = o.SubtreeCallsInFlight
 }
 
 // readSubtreeReported reads subtree_reported of a node whose own

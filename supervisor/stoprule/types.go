@@ -113,6 +113,11 @@ type Observations struct {
 	// call's begin and end, a termination's closing it too, count it in
 	// and out of them in its own transaction), at no read more.
 	SubtreeCallsInFlight int64 `pb:"27"`
+	// The most calls SubtreeCallsInFlight was seen at: its high-water
+	// mark. Never stored (a reader sets it to the level); the evaluator
+	// raises it to the peak it counted from each change of the subtree's
+	// totals, in commit order, since it started (subtreePeak).
+	SubtreeCallsInFlightMax int64 `pb:"28"`
 
 	// open is what the calls still open amounted to when the node was
 	// read (never stored: readNodeTools and readOwnOpenCalls set it), for

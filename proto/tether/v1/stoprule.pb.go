@@ -238,8 +238,15 @@ type StopRuleObservations struct {
 	// closed too) count it in and out of its ancestors' totals in its own
 	// transaction.
 	SubtreeCallsInFlight int64 `protobuf:"varint,27,opt,name=subtree_calls_in_flight,json=subtreeCallsInFlight,proto3" json:"subtree_calls_in_flight,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// The most calls subtree_calls_in_flight was seen at: its high-water
+	// mark, so a burst begun and ended across the children between two
+	// evaluations is seen at its peak. Kept by the evaluator from each
+	// call's change of the subtree's totals, in commit order, since it
+	// started (a restart or a leader change starts it again from the
+	// level); TestStopRule reads the level.
+	SubtreeCallsInFlightMax int64 `protobuf:"varint,28,opt,name=subtree_calls_in_flight_max,json=subtreeCallsInFlightMax,proto3" json:"subtree_calls_in_flight_max,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
 }
 
 func (x *StopRuleObservations) Reset() {
@@ -457,6 +464,13 @@ func (x *StopRuleObservations) GetSubtreeCallSecondsMax() float64 {
 func (x *StopRuleObservations) GetSubtreeCallsInFlight() int64 {
 	if x != nil {
 		return x.SubtreeCallsInFlight
+	}
+	return 0
+}
+
+func (x *StopRuleObservations) GetSubtreeCallsInFlightMax() int64 {
+	if x != nil {
+		return x.SubtreeCallsInFlightMax
 	}
 	return 0
 }
@@ -1275,7 +1289,7 @@ const file_tether_v1_stoprule_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa5\x10\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe3\x10\n" +
 	"\x14StopRuleObservations\x12\x14\n" +
 	"\x05calls\x18\x01 \x01(\x03R\x05calls\x12T\n" +
 	"\rcalls_by_tool\x18\x02 \x03(\v20.tether.v1.StopRuleObservations.CallsByToolEntryR\vcallsByTool\x12]\n" +
@@ -1307,7 +1321,8 @@ const file_tether_v1_stoprule_proto_rawDesc = "" +
 	"\x18subtree_calls_by_outcome\x18\x18 \x03(\v2:.tether.v1.StopRuleObservations.SubtreeCallsByOutcomeEntryR\x15subtreeCallsByOutcome\x12;\n" +
 	"\x1asubtree_call_seconds_total\x18\x19 \x01(\x01R\x17subtreeCallSecondsTotal\x127\n" +
 	"\x18subtree_call_seconds_max\x18\x1a \x01(\x01R\x15subtreeCallSecondsMax\x125\n" +
-	"\x17subtree_calls_in_flight\x18\x1b \x01(\x03R\x14subtreeCallsInFlight\x1a>\n" +
+	"\x17subtree_calls_in_flight\x18\x1b \x01(\x03R\x14subtreeCallsInFlight\x12<\n" +
+	"\x1bsubtree_calls_in_flight_max\x18\x1c \x01(\x03R\x17subtreeCallsInFlightMax\x1a>\n" +
 	"\x10CallsByToolEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aA\n" +

@@ -1,0 +1,154 @@
+package stoprule
+
+import (
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/tetherhq/tether/internal/store"
+)
+
+// subtreePeak is the evaluator's count of one node's subtree calls in
+// flight, kept from each change of the records that hold it (the node's
+// own counters, stoprules/obs/<node>, and its shards' totals,
+// stoprules/sub/<node>/<shard>), in commit order, for
+// subtree_calls_in_flight_max: the level's high-water mark.
+//
+// An exact peak needs the subtree's level at each call, which no call's
+// transaction reads (the sum of up to 256 shard records at every
+// ancestor, or a record every call of the subtree writes, the hot key the
+// shards avoid), and an evaluation reads the level as it stands: a rogue
+// that began a burst of calls across its children and ended them before
+// the evaluator read its node was judged below its peak, and could make
+// the evaluator late by spending its own tree's turns. The evaluator's
+// watch hands it every change of those records, with its value and in
+// commit order, so it adds them up as they come.
+//
+// It starts from the first evaluation of a rule reading the peak at the
+// node (a snapshot at revision rev: every record's open calls then), and
+// takes the changes committed after it. The peak since the evaluator
+// started: a restart, a leader change or a rescan starts it again from the
+// level. The changes of one revision are taken together (a backend may
+// commit a call's end and another's begin as one): the level is a peak
+// candidate only between revisions.
+type subtreePeak struct {
+	base   uint64            // the snapshot's revision: its changes are held already
+	rev    uint64            // the latest revision taken
+	own    int64             // the node's own calls in flight
+	shards map[string]uint64 // open calls by shard record (key tail), none when 0
+	level  int64             // own and the shards' added up
+	peak   int64             // the highest level between revisions
+}
+
+// newSubtreePeak starts a count from a snapshot at revision rev: the
+// node's own calls in flight and each shard record's open calls then.
+func newSubtreePeak(rev uint64, own int64, shards map[string]uint64) *subtreePeak {
+	p := &subtreePeak{base: rev, rev: rev, own: own, shards: shards, level: own}
+	for _, n := range shards {
+		p.level += int64(n)
+	}
+	p.peak = p.level
+	return p
+}
+
+// readSubtreePeak starts the count of nodeID's subtree calls in flight
+// from tx: own is the node's own calls in flight, read in tx.
+func readSubtreePeak(tx store.ReadTxn, nodeID string, own int64) (*subtreePeak, error) {
+	prefix := subPrefix(nodeID)
+	shards := map[string]uint64{}
+	err := tx.Scan(prefix, nil, func(k, v []byte) error {
+		s, err := decodeSubtotal(v)
+		if err != nil {
+			return err
+		}
+		if s.open > 0 {
+			shards[string(k[len(prefix):])] = s.open
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return newSubtreePeak(tx.Revision(), own, shards), nil
+}
+
+// step takes a change committed at rev; false when the snapshot the count
+// started from holds it already. A change of a later revision than the
+// last closes that one: its level is a peak candidate.
+func (p *subtreePeak) step(rev uint64) bool {
+	if rev <= p.base {
+		return false
+	}
+	if rev > p.rev {
+		p.peak = max(p.peak, p.level)
+		p.rev = rev
+	}
+	return true
+}
+
+// now is the peak, the current level included (every change the
+// evaluator has taken is of a whole revision: a watch hands one
+// revision's changes in one batch).
+func (p *subtreePeak) now() int64 { return max(p.peak, p.level) }
+
+// takeOwn applies a change of the node's own counters.
+func (p *subtreePeak) takeOwn(ev store.Event) {
+	if !p.step(ev.Revision) {
+		return
+	}
+	var own int64
+	if ev.Type != store.EventDelete {
+		var ok bool
+		if own, ok = callsInFlightOf(ev.Value); !ok {
+			return
+		}
+	}
+	p.level += own - p.own
+	p.own = own
+}
+
+// callsInFlightOf reads calls_in_flight (field 6, a varint) from a
+// node's stored counters without decoding the rest (their maps by tool and
+// by outcome): every call of a counted node changes them.
+func callsInFlightOf(v []byte) (int64, bool) {
+	var n int64
+	for len(v) > 0 {
+		num, typ, k := protowire.ConsumeTag(v)
+		if k < 0 {
+			return 0, false
+		}
+		v = v[k:]
+		if num == 6 && typ == protowire.VarintType {
+			x, k := protowire.ConsumeVarint(v)
+			if k < 0 {
+				return 0, false
+			}
+			n, v = int64(x), v[k:]
+			continue
+		}
+		if k = protowire.ConsumeFieldValue(num, typ, v); k < 0 {
+			return 0, false
+		}
+		v = v[k:]
+	}
+	return n, true
+}
+
+// takeShard applies a change of one of the node's shard records.
+func (p *subtreePeak) takeShard(shard string, ev store.Event) {
+	if !p.step(ev.Revision) {
+		return
+	}
+	var open uint64
+	if ev.Type != store.EventDelete {
+		s, err := decodeSubtotal(ev.Value)
+		if err != nil {
+			return
+		}
+		open = s.open
+	}
+	p.level += int64(open) - int64(p.shards[shard])
+	if open == 0 {
+		delete(p.shards, shard)
+	} else {
+		p.shards[shard] = open
+	}
+}
