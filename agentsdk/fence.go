@@ -70,9 +70,20 @@ type GenerationCheck func(ctx context.Context, job string, generation uint64) (A
 // named, and to its refusals otherwise: callers claiming generations that
 // are not the job's current one, or that may not act, cannot spend the
 // reads its holder's side effects need.
+//
+// Asked in a ToolGate's handler (ctx carries GateCallID), it names the
+// gate's call: the control plane then reads whose call it is from its own
+// ledger and keeps a side effect under an exited holder's generation on
+// the holder only when the call is the holder's, so a stranger calling the
+// tool with the holder's job and generation is refused without framing the
+// holder. The call must be one the gate began with the tool-server
+// credential c carries (the fence asks with the gate's own credential):
+// another's is refused failed_precondition. Asked elsewhere, it names no
+// call, and the control plane weighs the read against the holder whoever
+// asked (docs/design.md §11).
 func IssuedGenerations(c *Conn) GenerationCheck {
 	return func(ctx context.Context, job string, generation uint64) (Authority, error) {
-		resp, err := c.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: job, LeaseGeneration: generation}))
+		resp, err := c.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: job, LeaseGeneration: generation, CallId: GateCallID(ctx)}))
 		if connect.CodeOf(err) == connect.CodeNotFound {
 			return Authority{}, fmt.Errorf("%w: job %q has no lease", ErrUnissuedGeneration, job)
 		}

@@ -8,6 +8,7 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import type { Conn } from "./conn.js";
 import { LeaseState, type Lease } from "./gen/tether/v1/lease_pb.js";
 import { dateOf } from "./internal.js";
+import { gateCallId } from "./toolgate.js";
 import type { Clock } from "./verifier.js";
 
 /** Headers a {@link Fence} reads: the job and the lease generation the caller holds. */
@@ -96,13 +97,23 @@ export type GenerationCheck = (job: string, generation: bigint) => Promise<Autho
  * admits the generation named, and to its refusals otherwise: callers
  * claiming generations that are not the job's current one, or that may not
  * act, cannot spend the reads its holder's side effects need.
+ *
+ * Asked inside a {@link ToolGate} call's function ({@link gateCallId}), it
+ * names the gate's call: the control plane then reads whose call it is from
+ * its own ledger and keeps a side effect under an exited holder's
+ * generation on the holder only when the call is the holder's, so a
+ * stranger calling the tool with the holder's job and generation is refused
+ * without framing the holder. The call must be one the gate began with the
+ * tool-server token conn carries; another's is refused failed_precondition.
+ * Asked elsewhere, it names no call (the read is weighed against the holder
+ * whoever asked).
  */
 export function issuedGenerations(conn: Conn): GenerationCheck {
   return async (job, generation) => {
     let lease: Lease | undefined;
     let holderExited = false;
     try {
-      const resp = await conn.lease.getLease({ jobId: job, leaseGeneration: generation });
+      const resp = await conn.lease.getLease({ jobId: job, leaseGeneration: generation, callId: gateCallId() });
       lease = resp.lease;
       holderExited = resp.holderExited; // false from a server without the field
     } catch (err) {

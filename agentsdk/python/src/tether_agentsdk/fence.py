@@ -15,6 +15,7 @@ from typing import Callable, Mapping
 
 from . import _wire
 from ._connect import NOT_FOUND, ConnectError, Conn
+from .toolgate import current_call
 
 HEADER_JOB_ID = "Tether-Job-Id"
 HEADER_LEASE_GENERATION = "Tether-Lease-Generation"
@@ -103,11 +104,24 @@ def issued_generations(conn: Conn) -> GenerationCheck:
     tool server's reads of that job when the answer admits the generation
     named, and to its refusals otherwise: callers claiming generations that
     are not the job's current one, or that may not act, cannot spend the
-    reads its holder's side effects need."""
+    reads its holder's side effects need.
+
+    Asked inside a ToolGate call (``current_call()``), it names the gate's
+    call: the control plane then reads whose call it is from its own ledger
+    and keeps a side effect under an exited holder's generation on the holder
+    only when the call is the holder's, so a stranger calling the tool with
+    the holder's job and generation is refused without framing the holder.
+    The call must be one the gate began with the tool-server token conn
+    carries; another's is refused failed_precondition. Asked elsewhere, it
+    names no call (the read is weighed against the holder whoever asked)."""
 
     def check(job: str, generation: int) -> Authority:
+        request = {"jobId": job, "leaseGeneration": str(generation)}
+        gated = current_call()
+        if gated is not None:
+            request["callId"] = gated.call_id
         try:
-            resp = conn.call("LeaseService", "GetLease", {"jobId": job, "leaseGeneration": str(generation)})
+            resp = conn.call("LeaseService", "GetLease", request)
         except ConnectError as e:
             if e.code == NOT_FOUND:
                 raise UnissuedGeneration(f"fence: job {job!r} has no lease") from None
