@@ -46,7 +46,9 @@
 //     a ToolGate on the same tool-server credential, IssuedGenerations
 //     names the gate's call (GateCallID), so the control plane keeps a side
 //     effect under an exited holder's generation on the holder only when
-//     the call is the holder's own.
+//     the call is the holder's own, and refuses a call that is neither the
+//     holder's nor one of its descendants' (no authority under another
+//     agent's lease).
 //
 // # Job leases
 //

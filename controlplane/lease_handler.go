@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -773,14 +774,24 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 	// (holderGone) but is not the holder at work (thirty-seventh pass: a
 	// stranger calling a fenced tool with an exited holder's job and
 	// generation made the holder's record read unaccounted; rogue37c test).
-	exited := false
+	//
+	// A call that is neither the holder's nor one of its descendants' has
+	// no authority under the holder's lease at all: it is refused
+	// (not_holders_call), whoever holds the job (thirty-seventh pass: the
+	// fence judged headers, not callers, and a stranger with a token for
+	// the tool wrote as the holder by naming its job and generation;
+	// rogue37c test).
+	exited, notHolders := false, false
 	if err == nil && generation != 0 {
 		if p.IsToolServer() {
 			if admitsFenced(forFence(l, h.s.cfg.Clock.Now()), generation) {
-				if caller == "" || caller == l.HolderIdentity {
+				switch {
+				case caller == "" || caller == l.HolderIdentity:
 					exited, err = h.fencedByExit(ctx, p, l, req.Msg.CallId)
-				} else {
-					exited, err = h.holderGone(ctx, l.HolderIdentity)
+				default:
+					if notHolders, err = h.notHoldersCall(ctx, caller, l.HolderIdentity); err == nil && !notHolders {
+						exited, err = h.holderGone(ctx, l.HolderIdentity)
+					}
 				}
 			}
 		} else if admitsFenced(l, generation) {
@@ -790,9 +801,10 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 	if p.IsToolServer() {
 		if err == nil {
 			l = forFence(l, h.s.cfg.Clock.Now())
-			if exited {
+			if exited || notHolders {
 				// No authority to end: a fence that does not know
-				// holder_exited refuses a generation without an expiry.
+				// holder_exited (not_holders_call) refuses a generation
+				// without an expiry.
 				l.ExpiresAt = time.Time{}
 			}
 		}
@@ -807,7 +819,7 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 		// read that names no generation is charged to the job's, as it
 		// always was.
 		charge := auth.ChargeRefused // no such job, a malformed id
-		if err == nil && !exited && admitsFenced(l, generation) {
+		if err == nil && !exited && !notHolders && admitsFenced(l, generation) {
 			charge = func(ctx context.Context) error { return auth.ChargeJob(ctx, req.Msg.JobId) }
 		}
 		if cerr := charge(ctx); cerr != nil {
@@ -817,7 +829,19 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&tetherv1.GetLeaseResponse{Lease: wire.Lease(l), HolderExited: exited}), nil
+	return connect.NewResponse(&tetherv1.GetLeaseResponse{Lease: wire.Lease(l), HolderExited: exited, NotHoldersCall: notHolders}), nil
+}
+
+// notHoldersCall reports whether caller, the node of a tool call a fence
+// named, has no authority under holder's lease: it is neither holder nor
+// one of holder's descendants (whom the holder may have handed part of its
+// job), or not a registered agent.
+func (h *leaseService) notHoldersCall(ctx context.Context, caller, holder string) (bool, error) {
+	n, err := h.agent(ctx, caller)
+	if err != nil {
+		return false, toConnect(err)
+	}
+	return n == nil || !slices.Contains(n.Ancestors, holder), nil
 }
 
 // fencedByExit weighs the holder of l's current generation for a read

@@ -192,3 +192,55 @@ func TestRogue37CAFenceNamingTheHoldersOwnCallStillWeighsIt(t *testing.T) {
 		t.Fatalf("the holder's contradictions after its own call's read: %v (%v), want one tool_call naming the call", kinds, n.Contradictions)
 	}
 }
+
+// TestRogue37CAStrangerCannotWriteUnderAnotherAgentsLeaseThroughAGatedFence:
+// the fence judged headers, not callers, so anyone with a token for a fenced
+// tool wrote as the job's holder by naming its job and generation — a
+// sibling of the holder, a stranger of another lineage — and, with
+// MaxStale, once the holder's own side effect had been admitted, without
+// even being asked about (seen failing before the fix: the stranger's and
+// the sibling's side effects admitted). Now a gated fence names its call,
+// and a call that is neither the holder's nor one of its descendants' is
+// refused (not_holders_call, ErrNoAuthority), charged to the tool server's
+// refusals, and never taken from a MaxStale answer given to another caller.
+func TestRogue37CAStrangerCannotWriteUnderAnotherAgentsLeaseThroughAGatedFence(t *testing.T) {
+	ctx := context.Background()
+	w := newLeaseWorld(t)
+	const toolName = "rogue37c-writer"
+	gate := realGate(t, w.srv, toolName)
+	conn := agentsdk.Dial(w.srv.URL, w.srv.ToolServerToken(t, toolName), agentsdk.WithHTTPClient(w.srv.HTTP))
+	for _, maxStale := range []time.Duration{0, time.Hour} {
+		fence := &agentsdk.Fence{Check: agentsdk.IssuedGenerations(conn), MaxStale: maxStale, Clock: w.clock}
+		write := func(token, job string, generation uint64) error {
+			return gate.Call(ctx, token, "write", func(ctx context.Context) error {
+				return fence.AdmitContext(ctx, job, generation)
+			})
+		}
+		job := w.job()
+		held, d := unary{w.w2C}.send(t, ack(w.offer(t, job, w.w2, 10*time.Minute)))
+		wantDecision(t, "the holder's ack", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_ACKED)
+		child := spawn(t, w.w2C, w.w2, "w2-helper-"+job)
+
+		if err := write(rogue37cIssue(t, w.admin, w.w2), job, held.LeaseGeneration); err != nil {
+			t.Fatalf("MaxStale %v: the holder's own side effect: %v", maxStale, err)
+		}
+		if err := write(rogue37cIssue(t, w.admin, child.Node.NodeId), job, held.LeaseGeneration); err != nil {
+			t.Fatalf("MaxStale %v: the holder's child's side effect: %v", maxStale, err)
+		}
+		for _, r := range []struct{ who, node string }{{"a stranger", w.stranger}, {"the holder's sibling", w.w1}, {"the holder's parent", w.planner}} {
+			err := write(rogue37cIssue(t, w.admin, r.node), job, held.LeaseGeneration)
+			if !errors.Is(err, agentsdk.ErrNoAuthority) || !strings.Contains(err.Error(), "not the holder's") {
+				t.Fatalf("MaxStale %v: %s's side effect under the holder's generation: %v, want ErrNoAuthority (not the holder's)", maxStale, r.who, err)
+			}
+		}
+		if err := write(rogue37cIssue(t, w.admin, w.w2), job, held.LeaseGeneration); err != nil {
+			t.Fatalf("MaxStale %v: the holder's side effect after the rogues': %v", maxStale, err)
+		}
+		if l := w.get(t, job); l.State != tetherv1.LeaseState_LEASE_STATE_ACTIVE || l.CancelRequested || l.OwnershipConflict {
+			t.Fatalf("MaxStale %v: the lease after the rogues' side effects: %v", maxStale, l)
+		}
+	}
+	if n := getNode(t, w.admin, w.w2); len(n.Contradictions) != 0 {
+		t.Fatalf("the holder has contradictions %v", contradictionKinds(n.Contradictions))
+	}
+}

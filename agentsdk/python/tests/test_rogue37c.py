@@ -40,7 +40,7 @@ def test_rogue37c_a_stranger_cannot_frame_an_exited_holder_through_a_gated_fence
 
         Conn(server.url, honest.credential).call("AgentService", "ConfirmExit", {"nodeId": honest.node_id, "reason": "done, gone"})
         for _ in range(2):
-            with pytest.raises(NoAuthority, match="exit was confirmed"):
+            with pytest.raises(NoAuthority, match="not the holder's"):
                 with gate.call(stranger_token, "write"):
                     fence.admit_headers(job.headers())
         node = tree.operator.call("AgentService", "GetNode", {"nodeId": honest.node_id})["node"]
@@ -70,4 +70,39 @@ def test_rogue37c_a_call_left_out_of_order_is_no_ones_current_call(server, tree)
         second.__exit__(None, None, None)
         assert current_call() is None, f"after both calls ended, current_call() is {current_call()!r} (the first: {a!r})"
     finally:
+        gate.close()
+
+
+@pytest.mark.parametrize("max_stale", [0, 3600])
+def test_rogue37c_a_stranger_cannot_write_under_a_live_holders_lease(server, tree, tmp_path, max_stale):
+    # The fence judged headers, not callers: a stranger with a token for the
+    # tool wrote as the holder by naming its job and generation, and with
+    # max_stale without even being asked about once the holder's own side
+    # effect was admitted (seen failing before the fix: admitted).
+    tool = "py-rogue37c-writer-" + uuid.uuid4().hex[:6]
+    conn = server.tool_server(tool)
+    fence = Fence(check=issued_generations(conn), max_stale=max_stale, clock=lambda: 0.0)
+    gate = ToolGate(conn, tool).start()
+    holder, stranger = tree.root.spawn("holder"), tree.root.spawn("stranger")
+
+    def token_of(agent):
+        return tree.operator.call("CapabilityService", "IssueRoot", {"holderNodeId": agent.node_id, "scopes": ["tool:*"], "ttl": "3600s"})["token"]
+
+    holder_token, stranger_token = token_of(holder), token_of(stranger)
+    worker = LeaseWorker(Conn(server.url, holder.credential), str(tmp_path / "job"), renew_every=600)
+    job = None
+    try:
+        offered = tree.operator.call("LeaseService", "Offer", {"jobId": f"py-rogue37c-live-{max_stale}-" + holder.node_id, "holderIdentity": holder.node_id, "leaseDuration": "300s"})["lease"]
+        job = worker.accept(offered)
+        with gate.call(holder_token, "write"):
+            fence.admit_headers(job.headers())
+        with pytest.raises(NoAuthority, match="not the holder's"):
+            with gate.call(stranger_token, "write"):
+                fence.admit_headers(job.headers())
+        with gate.call(holder_token, "write"):
+            fence.admit_headers(job.headers())  # the holder still writes
+    finally:
+        if job is not None:
+            job.stop()
+        worker.close()
         gate.close()

@@ -26,7 +26,7 @@ export const MaxEarlyOrders = 1024;
  */
 const maxCallIdBytes = 256;
 
-const gateCall = new AsyncLocalStorage<string>();
+const gateCall = new AsyncLocalStorage<{ callId: string; nodeId: string }>();
 
 /**
  * The id of the {@link ToolGate} call whose function runs now (the control
@@ -37,7 +37,12 @@ const gateCall = new AsyncLocalStorage<string>();
  * holder only when the call is the holder's (the Go SDK's GateCallID).
  */
 export function gateCallId(): string {
-  return gateCall.getStore() ?? "";
+  return gateCall.getStore()?.callId ?? "";
+}
+
+/** The node whose {@link ToolGate} call's function runs now, or "" (a fence's MaxStale answers are kept per caller). */
+export function gateCallNode(): string {
+  return gateCall.getStore()?.nodeId ?? "";
 }
 
 /** A capability token, or something that yields a fresh one (e.g. a {@link CapabilityToken}). */
@@ -217,12 +222,14 @@ export class ToolGate {
     this.#beginning.add(n);
     const cancel = new AbortController();
     let callId: string;
+    let nodeId = "";
     try {
       const begin = await this.conn.tool.beginCall(
         { token: presented, tool, gateId: this.id, requiredScope: options.requiredScope ?? "" },
         { signal: AbortSignal.timeout(10_000) },
       );
       callId = begin.call?.callId ?? "";
+      nodeId = begin.call?.nodeId ?? "";
       if (callId === "") {
         // A proxy's, or a hostile peer's answer: no call to run or report.
         throw new ConnectError("the control plane answered BeginCall without a call", Code.Internal);
@@ -238,7 +245,7 @@ export class ToolGate {
     try {
       if (options.signal?.aborted) throw options.signal.reason; // the caller left before the tool ran
       const signal = anySignal([cancel.signal, options.signal]);
-      result = await gateCall.run(callId, () => fn(signal));
+      result = await gateCall.run({ callId, nodeId }, () => fn(signal));
     } catch (err) {
       failure = err;
       failed = true;

@@ -72,4 +72,39 @@ describe("rogue37c: a stranger at a gated, fenced tool", () => {
       "the stranger's side effects framed the exited holder",
     );
   });
+
+  test("is refused under a live holder's generation, even after the holder's answer was kept (maxStaleMs)", async () => {
+    // Before the fix the fence judged headers, not callers: the stranger
+    // wrote as the holder (seen failing: admitted).
+    const token = await server.operator.auth.createToken({ toolServer: "ts-rogue37c-writer", ttl: { seconds: 3600n } });
+    const conn = server.dial(token.token);
+    const gate = new ToolGate(conn, "ts-rogue37c-writer");
+    stops.push(() => gate.close());
+    await gate.ready;
+    const holder = await Agent.registerRoot(server.operator, "ts-rogue37c-holder");
+    stops.push(() => holder.close());
+    const stranger = await Agent.registerRoot(server.operator, "ts-rogue37c-stranger2");
+    stops.push(() => stranger.close());
+    const tokenOf = async (agent: Agent) =>
+      (await server.operator.capability.issueRoot({ holderNodeId: agent.nodeId, scopes: ["tool:*"], ttl: { seconds: 3600n } })).token;
+    const holderToken = await tokenOf(holder);
+    const strangerToken = await tokenOf(stranger);
+    const offered = await server.operator.lease.offer({ jobId: "ts-rogue37c-live-job", holderIdentity: holder.nodeId, leaseDuration: { seconds: 300n } });
+    const worker = new LeaseWorker({ conn: holder.conn, renewEveryMs: 600_000 });
+    stops.push(() => void worker.close());
+    const job = await worker.accept(offered.lease!);
+    for (const maxStaleMs of [0, 3_600_000]) {
+      const fence = new Fence({ check: issuedGenerations(conn), maxStaleMs, clock: { now: () => 0 } });
+      await gate.call(holderToken, "write", () => fence.admitHeaders(job.headers()));
+      await assert.rejects(
+        gate.call(strangerToken, "write", () => fence.admitHeaders(job.headers())),
+        (e: unknown) => {
+          assert.ok(e instanceof NoAuthority, String(e));
+          assert.match(String(e), /not the holder's/);
+          return true;
+        },
+      );
+      await gate.call(holderToken, "write", () => fence.admitHeaders(job.headers())); // the holder still writes
+    }
+  });
 });

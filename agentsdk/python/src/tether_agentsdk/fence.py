@@ -87,6 +87,11 @@ class Authority:
     until: float = 0.0
     #: Why the generation may not act, when not active.
     why: str = ""
+    #: The refusal is of the call the check named (a ToolGate call that is
+    #: neither the holder's nor one of its descendants'), not of the
+    #: generation, which may still act for its holder: a fence keeps what it
+    #: knows of the generation.
+    caller_refused: bool = False
 
 
 #: Asks the coordinator about job's lease, for a side effect claiming a
@@ -110,7 +115,10 @@ def issued_generations(conn: Conn) -> GenerationCheck:
     call: the control plane then reads whose call it is from its own ledger
     and keeps a side effect under an exited holder's generation on the holder
     only when the call is the holder's, so a stranger calling the tool with
-    the holder's job and generation is refused without framing the holder.
+    the holder's job and generation is refused without framing the holder;
+    and a call that is neither the holder's nor one of its descendants' is
+    refused under the holder's generation however alive the holder is
+    (notHoldersCall).
     The call must be one the gate began with the tool-server token conn
     carries; another's is refused failed_precondition. Asked elsewhere, it
     names no call (the read is weighed against the holder whoever asked)."""
@@ -131,6 +139,8 @@ def issued_generations(conn: Conn) -> GenerationCheck:
         state = lease.get("state", "LEASE_STATE_UNSPECIFIED")
         if state != "LEASE_STATE_ACTIVE":
             return Authority(current, why="is " + str(state).removeprefix("LEASE_STATE_"))
+        if resp.get("notHoldersCall"):  # absent from a server without the field
+            return Authority(current, why="is not the holder's: the call is neither the holder's nor one of its descendants'", caller_refused=True)
         if resp.get("holderExited"):  # absent from a server without the field
             return Authority(current, why="is held by an agent whose exit was confirmed")
         if lease.get("cancelRequested"):
@@ -179,7 +189,9 @@ class Fence:
         self._clock = clock
         self._lock = threading.Lock()
         self._highest: dict[str, int] = {}
-        self._active: dict[str, tuple[int, float]] = {}  # job -> (generation an answer said may act, until)
+        # job -> (generation an answer said may act, until, the node of the
+        # gate call it was given for: "" outside a gate)
+        self._active: dict[str, tuple[int, float, str]] = {}
 
     def admit(self, job: str, generation: int) -> None:
         """Admits a side effect for job under generation, raising the job's
@@ -196,12 +208,14 @@ class Fence:
             # a request to the coordinator answered as if it were down.
             raise UnissuedGeneration(f"fence: {problem}")
         asked_at = self._clock() if self.max_stale > 0 else 0.0
+        gated = current_call()
+        caller = gated.node_id if gated is not None else ""
         with self._lock:
             h = self._highest.get(job, 0)
             if generation < h:
                 raise _fenced(job, generation, h)
             cached = self._active.get(job)
-            if self.check is None or (self.max_stale > 0 and cached is not None and cached[0] == generation and asked_at < cached[1]):
+            if self.check is None or (self.max_stale > 0 and cached is not None and cached[0] == generation and cached[2] == caller and asked_at < cached[1]):
                 self._observe(job, generation)
                 return
         a = self.check(job, generation)
@@ -214,13 +228,13 @@ class Fence:
                 raise UnissuedGeneration(f"fence: job {job!r} generation {generation} is above the coordinator's, {a.generation}")
             cached = self._active.get(job)
             if not a.active:
-                if cached is not None and cached[0] == generation:
+                if cached is not None and cached[0] == generation and not a.caller_refused:
                     del self._active[job]
                 raise NoAuthority(f"fence: job {job!r} generation {generation} {a.why or 'may not act'}")
             if self.max_stale > 0:
                 until = min(asked_at + self.max_stale, a.until)
-                if cached is None or cached[0] != generation or until > cached[1]:
-                    self._active[job] = (generation, until)
+                if cached is None or cached[0] != generation or cached[2] != caller or until > cached[1]:
+                    self._active[job] = (generation, until, caller)
 
     def admit_headers(self, headers: Mapping[str, str]) -> None:
         """admit() for a request's headers (any mapping, an
