@@ -42,7 +42,13 @@
 //   - Verifier checks capability tokens offline against JWKS and the
 //     revocation feed, and fails closed when the feed goes stale.
 //   - Fence rejects side effects from an older lease generation and, with
-//     IssuedGenerations, from a generation without authority now.
+//     IssuedGenerations, from a generation without authority now. Behind
+//     a ToolGate on the same tool-server credential, IssuedGenerations
+//     names the gate's call (GateCallID), so the control plane keeps a side
+//     effect under an exited holder's generation on the holder only when
+//     the call is the holder's own, and refuses a call that is neither the
+//     holder's nor one of its descendants' (no authority under another
+//     agent's lease).
 //
 // # Job leases
 //

@@ -52,6 +52,11 @@ type Authority struct {
 	// Why says, when not Active, why Generation may not act ("is
 	// EXPIRED", "was asked to cancel", ...).
 	Why string
+	// CallerRefused reports that the refusal is of the call the check
+	// named (a ToolGate call that is neither the holder's nor one of its
+	// descendants'), not of the generation, which may still act for its
+	// holder: a fence keeps what it knows of the generation.
+	CallerRefused bool
 }
 
 // GenerationCheck asks the coordinator about job's lease, for a side
@@ -70,9 +75,24 @@ type GenerationCheck func(ctx context.Context, job string, generation uint64) (A
 // named, and to its refusals otherwise: callers claiming generations that
 // are not the job's current one, or that may not act, cannot spend the
 // reads its holder's side effects need.
+//
+// Asked in a ToolGate's handler (ctx carries GateCallID), it names the
+// gate's call: the control plane then reads whose call it is from its own
+// ledger and keeps a side effect under an exited holder's generation on
+// the holder only when the call is the holder's, so a stranger calling the
+// tool with the holder's job and generation is refused without framing the
+// holder, and a call that is neither the holder's nor one of its
+// descendants' is refused under the holder's generation however alive the
+// holder is (the answer's not_holders_call): the caller has no authority
+// under another agent's lease. The call must be one the gate began with
+// the tool-server credential c carries (the fence asks with the gate's own
+// credential): another's is refused failed_precondition. Asked elsewhere,
+// it names no call: the control plane then cannot tell who asked, admits
+// whoever names the holder's job and generation, and weighs the read
+// against the holder (docs/design.md §11).
 func IssuedGenerations(c *Conn) GenerationCheck {
 	return func(ctx context.Context, job string, generation uint64) (Authority, error) {
-		resp, err := c.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: job, LeaseGeneration: generation}))
+		resp, err := c.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: job, LeaseGeneration: generation, CallId: GateCallID(ctx)}))
 		if connect.CodeOf(err) == connect.CodeNotFound {
 			return Authority{}, fmt.Errorf("%w: job %q has no lease", ErrUnissuedGeneration, job)
 		}
@@ -89,6 +109,8 @@ func authorityOf(resp *tetherv1.GetLeaseResponse) Authority {
 	switch state := l.GetState(); {
 	case state != tetherv1.LeaseState_LEASE_STATE_ACTIVE:
 		a.Why = "is " + strings.TrimPrefix(state.String(), "LEASE_STATE_")
+	case resp.GetNotHoldersCall():
+		a.Why, a.CallerRefused = "is not the holder's: the call is neither the holder's nor one of its descendants'", true
 	case resp.GetHolderExited():
 		a.Why = "is held by an agent whose exit was confirmed"
 	case l.GetCancelRequested():
@@ -168,7 +190,10 @@ func jobIDProblem(job string) string {
 // stated (read on Clock): the coordinator's decision takes effect at the
 // fence within MaxStale, trading that bound for one ask per generation per
 // MaxStale. Answers that refuse are never kept: each refused side effect
-// asks again.
+// asks again. Behind a ToolGate an answer is kept for the node whose call
+// it was asked for, and another agent's call under the same generation is
+// asked about (IssuedGenerations names the call; a call that is neither
+// the holder's nor one of its descendants' is refused).
 type Fence struct {
 	// Check, when set, is asked about the job before a side effect is
 	// admitted; a refused side effect changes nothing.
@@ -189,6 +214,11 @@ type fenceJob struct {
 	highest uint64
 	active  uint64
 	until   time.Time
+	// caller is the node of the ToolGate call the answer that active may
+	// act was given for ("" for an answer outside a gate): with MaxStale
+	// that answer admits that caller's side effects only, so another
+	// agent's call under the holder's generation is asked about.
+	caller string
 }
 
 // Admit decides whether a side effect for job under generation may happen
@@ -219,13 +249,14 @@ func (f *Fence) AdmitContext(ctx context.Context, job string, generation uint64)
 	if f.MaxStale > 0 {
 		askedAt = f.clock().Now()
 	}
+	caller := gateCallNode(ctx)
 	f.mu.Lock()
 	e := f.jobs[job]
 	if generation < e.highest {
 		f.mu.Unlock()
 		return fenced(job, generation, e.highest)
 	}
-	if f.Check == nil || (f.MaxStale > 0 && generation == e.active && askedAt.Before(e.until)) {
+	if f.Check == nil || (f.MaxStale > 0 && generation == e.active && caller == e.caller && askedAt.Before(e.until)) {
 		f.observeLocked(job, generation)
 		f.mu.Unlock()
 		return nil
@@ -245,8 +276,8 @@ func (f *Fence) AdmitContext(ctx context.Context, job string, generation uint64)
 	case generation > a.Generation:
 		return fmt.Errorf("%w: job %q generation %d is above the coordinator's, %d", ErrUnissuedGeneration, job, generation, a.Generation)
 	case !a.Active:
-		if e.active == generation {
-			e.active, e.until = 0, time.Time{}
+		if e.active == generation && !a.CallerRefused {
+			e.active, e.until, e.caller = 0, time.Time{}, ""
 			f.jobs[job] = e
 		}
 		return fmt.Errorf("%w: job %q generation %d %s", ErrNoAuthority, job, generation, a.Why)
@@ -256,8 +287,8 @@ func (f *Fence) AdmitContext(ctx context.Context, job string, generation uint64)
 		if a.Until.Before(until) {
 			until = a.Until
 		}
-		if e.active != generation || until.After(e.until) {
-			e.active, e.until = generation, until
+		if e.active != generation || e.caller != caller || until.After(e.until) {
+			e.active, e.until, e.caller = generation, until, caller
 			f.jobs[job] = e
 		}
 	}

@@ -209,7 +209,7 @@ func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope st
 		g.mu.Unlock()
 		return err
 	}
-	hctx, cancel := context.WithCancelCause(ctx)
+	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, gateCallKey{}, gateCall{id: callID, node: begin.Msg.GetCall().GetNodeId()}))
 	defer cancel(nil)
 	g.mu.Lock()
 	g.inflight[callID] = cancel
@@ -276,6 +276,30 @@ func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope st
 		return errors.Join(herr, err)
 	}
 	return herr
+}
+
+// gateCallKey keys the ToolGate call a handler runs in (a gateCall).
+type gateCallKey struct{}
+
+// gateCall is the call a handler runs in: its id and the node whose
+// capability token began it, as the control plane answered BeginCall.
+type gateCall struct{ id, node string }
+
+// GateCallID returns the id of the ToolGate call whose handler runs under
+// ctx (the control plane's call id, as BeginCall answered it), or "" outside
+// a gate's handler. A Fence whose Check is IssuedGenerations names it in its
+// question, so the control plane knows whose side effect it is asked about
+// (the call's node, from its own ledger) and keeps it on the lease's holder
+// only when the call is the holder's.
+func GateCallID(ctx context.Context) string {
+	c, _ := ctx.Value(gateCallKey{}).(gateCall)
+	return c.id
+}
+
+// gateCallNode returns the node whose ToolGate call runs under ctx, or "".
+func gateCallNode(ctx context.Context) string {
+	c, _ := ctx.Value(gateCallKey{}).(gateCall)
+	return c.node
 }
 
 // stoppedByCaller reports whether herr is the caller's own cancellation:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +22,7 @@ import (
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor/lease"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
+	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
 
@@ -746,8 +748,18 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 	if err != nil {
 		return nil, err
 	}
+	if req.Msg.CallId != "" && !p.IsToolServer() {
+		return nil, denied("only a tool server names the tool call a read is about (call_id)")
+	}
 	l, err := h.readable(ctx, p, req.Msg.JobId)
 	generation := req.Msg.LeaseGeneration
+	// The node whose tool call asked, when the fence named the call (a
+	// ToolGate's, which this tool server began): read from the ledger, not
+	// from anyone's word.
+	caller := ""
+	if err == nil && req.Msg.CallId != "" {
+		caller, err = h.callerOf(ctx, p, req.Msg.CallId)
+	}
 	// A read naming a generation is a fence's question about a side effect
 	// under it: when that is the job's current generation and it would
 	// admit it, the holder is weighed. A tool server's read gates a side
@@ -756,12 +768,31 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 	// from the holder's node as it reads (holderGone), written nowhere:
 	// a rogue owner or ancestor of the job could otherwise make its
 	// honest holder's confirmed exit read unaccounted by reading (rogue36c
-	// test).
-	exited := false
+	// test). A tool server's read naming the call that asks is the
+	// holder's activity only when the call is the holder's: another
+	// agent's call under the holder's generation is refused all the same
+	// (holderGone) but is not the holder at work (thirty-seventh pass: a
+	// stranger calling a fenced tool with an exited holder's job and
+	// generation made the holder's record read unaccounted; rogue37c test).
+	//
+	// A call that is neither the holder's nor one of its descendants' has
+	// no authority under the holder's lease at all: it is refused
+	// (not_holders_call), whoever holds the job (thirty-seventh pass: the
+	// fence judged headers, not callers, and a stranger with a token for
+	// the tool wrote as the holder by naming its job and generation;
+	// rogue37c test).
+	exited, notHolders := false, false
 	if err == nil && generation != 0 {
 		if p.IsToolServer() {
 			if admitsFenced(forFence(l, h.s.cfg.Clock.Now()), generation) {
-				exited, err = h.fencedByExit(ctx, p, l)
+				switch {
+				case caller == "" || caller == l.HolderIdentity:
+					exited, err = h.fencedByExit(ctx, p, l, req.Msg.CallId)
+				default:
+					if notHolders, err = h.notHoldersCall(ctx, caller, l.HolderIdentity); err == nil && !notHolders {
+						exited, err = h.holderGone(ctx, l.HolderIdentity)
+					}
+				}
 			}
 		} else if admitsFenced(l, generation) {
 			exited, err = h.holderGone(ctx, l.HolderIdentity)
@@ -770,9 +801,10 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 	if p.IsToolServer() {
 		if err == nil {
 			l = forFence(l, h.s.cfg.Clock.Now())
-			if exited {
+			if exited || notHolders {
 				// No authority to end: a fence that does not know
-				// holder_exited refuses a generation without an expiry.
+				// holder_exited (not_holders_call) refuses a generation
+				// without an expiry.
 				l.ExpiresAt = time.Time{}
 			}
 		}
@@ -787,7 +819,7 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 		// read that names no generation is charged to the job's, as it
 		// always was.
 		charge := auth.ChargeRefused // no such job, a malformed id
-		if err == nil && !exited && admitsFenced(l, generation) {
+		if err == nil && !exited && !notHolders && admitsFenced(l, generation) {
 			charge = func(ctx context.Context) error { return auth.ChargeJob(ctx, req.Msg.JobId) }
 		}
 		if cerr := charge(ctx); cerr != nil {
@@ -797,7 +829,19 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&tetherv1.GetLeaseResponse{Lease: wire.Lease(l), HolderExited: exited}), nil
+	return connect.NewResponse(&tetherv1.GetLeaseResponse{Lease: wire.Lease(l), HolderExited: exited, NotHoldersCall: notHolders}), nil
+}
+
+// notHoldersCall reports whether caller, the node of a tool call a fence
+// named, has no authority under holder's lease: it is neither holder nor
+// one of holder's descendants (whom the holder may have handed part of its
+// job), or not a registered agent.
+func (h *leaseService) notHoldersCall(ctx context.Context, caller, holder string) (bool, error) {
+	n, err := h.agent(ctx, caller)
+	if err != nil {
+		return false, toConnect(err)
+	}
+	return n == nil || !slices.Contains(n.Ancestors, holder), nil
 }
 
 // fencedByExit weighs the holder of l's current generation for a read
@@ -814,12 +858,18 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 // until its expiry or its stop, and its record read CONFIRMED. Only a
 // tool server's read is weighed so (thirty-sixth pass: an agent's or an
 // operator's read gates no side effect, holderGone). The fence's question
-// names a job and a generation, not who asked the tool server for the side
-// effect: whoever holds the two and reaches a fenced tool server can so
-// make the holder's exit read unaccounted, never confirmed — the safe way
-// (design §11).
-func (h *leaseService) fencedByExit(ctx context.Context, p auth.Principal, l lease.Lease) (bool, error) {
+// names a job and a generation; who asked the tool server for the side
+// effect only when the fence names the gate's call (call_id, the
+// thirty-seventh pass), and then a call of another agent is not weighed
+// here. A fence that names no call (no ToolGate in front of it, or an SDK
+// older than the field) leaves it unknown: whoever holds the two and
+// reaches such a tool server can so make the holder's exit read
+// unaccounted, never confirmed — the safe way (design §11).
+func (h *leaseService) fencedByExit(ctx context.Context, p auth.Principal, l lease.Lease, callID string) (bool, error) {
 	detail := fmt.Sprintf("a side effect under job %q generation %d, asked about by %s", l.JobID, l.Generation, p.ID())
+	if callID != "" {
+		detail += fmt.Sprintf(" for its call %q", callID)
+	}
 	_, err := h.s.agentAct(ctx, l.HolderIdentity, tree.ActivityToolCall, detail)
 	switch {
 	case err == nil:
@@ -828,6 +878,26 @@ func (h *leaseService) fencedByExit(ctx context.Context, p auth.Principal, l lea
 		return true, nil
 	}
 	return false, toConnect(err)
+}
+
+// callerOf returns the node whose tool call callID is, for a tool server's
+// read naming it: a call this tool server's gate began (the ledger's
+// record, not the tool server's or the caller's word). Any other — not a
+// call id, no such call, another gate's — is refused failed_precondition,
+// the same for each, so a tool server learns nothing of other gates'
+// calls.
+func (h *leaseService) callerOf(ctx context.Context, p auth.Principal, callID string) (string, error) {
+	if err := wire.CheckID("call_id", callID); err != nil {
+		return "", toConnect(err)
+	}
+	c, err := h.s.ledger.GetCall(ctx, callID)
+	if errors.Is(err, ledger.ErrCallNotFound) || (err == nil && c.GateID != p.ToolServer()) {
+		return "", connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("call_id %q is not a tool call this tool server's gate began", callID))
+	}
+	if err != nil {
+		return "", toConnect(err)
+	}
+	return c.NodeID, nil
 }
 
 // holderGone reports, without writing anything, whether holder may no

@@ -8,6 +8,7 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import type { Conn } from "./conn.js";
 import { LeaseState, type Lease } from "./gen/tether/v1/lease_pb.js";
 import { dateOf } from "./internal.js";
+import { gateCallId, gateCallNode } from "./toolgate.js";
 import type { Clock } from "./verifier.js";
 
 /** Headers a {@link Fence} reads: the job and the lease generation the caller holds. */
@@ -77,6 +78,13 @@ export interface Authority {
   untilMs?: number;
   /** Why the generation may not act, when not active ("is EXPIRED", "was asked to cancel", ...). */
   why?: string;
+  /**
+   * The refusal is of the call the check named (a ToolGate call that is
+   * neither the holder's nor one of its descendants'), not of the
+   * generation, which may still act for its holder: a fence keeps what it
+   * knows of the generation.
+   */
+  callerRefused?: boolean;
 }
 
 /**
@@ -96,15 +104,29 @@ export type GenerationCheck = (job: string, generation: bigint) => Promise<Autho
  * admits the generation named, and to its refusals otherwise: callers
  * claiming generations that are not the job's current one, or that may not
  * act, cannot spend the reads its holder's side effects need.
+ *
+ * Asked inside a {@link ToolGate} call's function ({@link gateCallId}), it
+ * names the gate's call: the control plane then reads whose call it is from
+ * its own ledger and keeps a side effect under an exited holder's
+ * generation on the holder only when the call is the holder's, so a
+ * stranger calling the tool with the holder's job and generation is refused
+ * without framing the holder; and a call that is neither the holder's nor
+ * one of its descendants' is refused under the holder's generation however
+ * alive the holder is (notHoldersCall). The call must be one the gate began with the
+ * tool-server token conn carries; another's is refused failed_precondition.
+ * Asked elsewhere, it names no call (the read is weighed against the holder
+ * whoever asked).
  */
 export function issuedGenerations(conn: Conn): GenerationCheck {
   return async (job, generation) => {
     let lease: Lease | undefined;
     let holderExited = false;
+    let notHoldersCall = false;
     try {
-      const resp = await conn.lease.getLease({ jobId: job, leaseGeneration: generation });
+      const resp = await conn.lease.getLease({ jobId: job, leaseGeneration: generation, callId: gateCallId() });
       lease = resp.lease;
       holderExited = resp.holderExited; // false from a server without the field
+      notHoldersCall = resp.notHoldersCall;
     } catch (err) {
       if (ConnectError.from(err).code === Code.NotFound) throw new UnissuedGeneration(`tether: fence: job ${JSON.stringify(job)} has no lease`);
       throw new Error(`tether: fence: asking the coordinator about job ${JSON.stringify(job)}'s lease: ${ConnectError.from(err).rawMessage}`);
@@ -112,6 +134,9 @@ export function issuedGenerations(conn: Conn): GenerationCheck {
     const current = lease?.leaseGeneration ?? 0n;
     const state = lease?.state ?? LeaseState.UNSPECIFIED;
     if (state !== LeaseState.ACTIVE) return { generation: current, active: false, why: `is ${LeaseState[state] ?? state}` };
+    if (notHoldersCall) {
+      return { generation: current, active: false, why: "is not the holder's: the call is neither the holder's nor one of its descendants'", callerRefused: true };
+    }
     if (holderExited) return { generation: current, active: false, why: "is held by an agent whose exit was confirmed" };
     if (lease?.cancelRequested) return { generation: current, active: false, why: "was asked to cancel" };
     if (lease?.ownershipConflict) return { generation: current, active: false, why: "has an unresolved ownership conflict" };
@@ -149,6 +174,7 @@ interface FenceJob {
   highest: bigint;
   active: bigint; // the generation an answer said may act, until untilMs
   untilMs: number;
+  caller: string; // the node of the gate call the answer that active may act was given for
 }
 
 /**
@@ -191,10 +217,11 @@ export class Fence {
     // the coordinator answered as if it were down.
     if (problem) throw new UnissuedGeneration(`tether: fence: ${problem}`);
     const askedAt = this.#maxStaleMs > 0 ? this.#clock.now() : 0;
+    const caller = gateCallNode();
     const h = this.highest(job);
     if (generation < h) throw fenced(job, generation, h);
     const e = this.#jobs.get(job);
-    if (!this.#check || (this.#maxStaleMs > 0 && e?.active === generation && askedAt < e.untilMs)) {
+    if (!this.#check || (this.#maxStaleMs > 0 && e?.active === generation && e.caller === caller && askedAt < e.untilMs)) {
       this.observe(job, generation);
       return;
     }
@@ -207,17 +234,19 @@ export class Fence {
     }
     const entry = this.#jobs.get(job)!;
     if (!a.active) {
-      if (entry.active === generation) {
+      if (entry.active === generation && !a.callerRefused) {
         entry.active = 0n;
         entry.untilMs = 0;
+        entry.caller = "";
       }
       throw new NoAuthority(`tether: fence: job ${JSON.stringify(job)} generation ${generation} ${a.why ?? "may not act"}`);
     }
     if (this.#maxStaleMs > 0) {
       const until = Math.min(askedAt + this.#maxStaleMs, a.untilMs ?? 0);
-      if (entry.active !== generation || until > entry.untilMs) {
+      if (entry.active !== generation || entry.caller !== caller || until > entry.untilMs) {
         entry.active = generation;
         entry.untilMs = until;
+        entry.caller = caller;
       }
     }
   }
@@ -254,7 +283,7 @@ export class Fence {
     if (generation === 0n) return;
     if (!validGeneration(generation)) throw new RangeError("tether: fence: a generation is an integer in [0, 2^64)");
     const e = this.#jobs.get(job);
-    if (!e) this.#jobs.set(job, { highest: generation, active: 0n, untilMs: 0 });
+    if (!e) this.#jobs.set(job, { highest: generation, active: 0n, untilMs: 0, caller: "" });
     else if (generation > e.highest) e.highest = generation;
   }
 

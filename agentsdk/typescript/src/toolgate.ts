@@ -1,3 +1,5 @@
+import { AsyncLocalStorage } from "node:async_hooks";
+
 import { Code, ConnectError } from "@connectrpc/connect";
 
 import { Conn } from "./conn.js";
@@ -23,6 +25,25 @@ export const MaxEarlyOrders = 1024;
  * each) is for no call this gate could begin.
  */
 const maxCallIdBytes = 256;
+
+const gateCall = new AsyncLocalStorage<{ callId: string; nodeId: string }>();
+
+/**
+ * The id of the {@link ToolGate} call whose function runs now (the control
+ * plane's call id, as BeginCall answered it), or "" outside a gate's
+ * function. A {@link Fence} whose check is issuedGenerations names it in
+ * its question, so the control plane knows whose side effect it is asked
+ * about (the call's node, from its own ledger) and keeps it on the lease's
+ * holder only when the call is the holder's (the Go SDK's GateCallID).
+ */
+export function gateCallId(): string {
+  return gateCall.getStore()?.callId ?? "";
+}
+
+/** The node whose {@link ToolGate} call's function runs now, or "" (a fence's MaxStale answers are kept per caller). */
+export function gateCallNode(): string {
+  return gateCall.getStore()?.nodeId ?? "";
+}
 
 /** A capability token, or something that yields a fresh one (e.g. a {@link CapabilityToken}). */
 export type TokenSource = string | { get(): Promise<string> } | (() => string | Promise<string>);
@@ -201,12 +222,14 @@ export class ToolGate {
     this.#beginning.add(n);
     const cancel = new AbortController();
     let callId: string;
+    let nodeId = "";
     try {
       const begin = await this.conn.tool.beginCall(
         { token: presented, tool, gateId: this.id, requiredScope: options.requiredScope ?? "" },
         { signal: AbortSignal.timeout(10_000) },
       );
       callId = begin.call?.callId ?? "";
+      nodeId = begin.call?.nodeId ?? "";
       if (callId === "") {
         // A proxy's, or a hostile peer's answer: no call to run or report.
         throw new ConnectError("the control plane answered BeginCall without a call", Code.Internal);
@@ -221,7 +244,8 @@ export class ToolGate {
     let failed = false;
     try {
       if (options.signal?.aborted) throw options.signal.reason; // the caller left before the tool ran
-      result = await fn(anySignal([cancel.signal, options.signal]));
+      const signal = anySignal([cancel.signal, options.signal]);
+      result = await gateCall.run({ callId, nodeId }, () => fn(signal));
     } catch (err) {
       failure = err;
       failed = true;

@@ -1882,8 +1882,18 @@ type GetLeaseRequest struct {
 	// that does not exist, to its refusals. Without it, every read of an
 	// existing job is charged to the job's.
 	LeaseGeneration uint64 `protobuf:"varint,2,opt,name=lease_generation,json=leaseGeneration,proto3" json:"lease_generation,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The tool call the side effect belongs to (a ToolGate's call in whose
+	// handler a fence asks), begun by this tool server's gate; empty: not
+	// known. Only a tool server may name one. With it, the control plane
+	// reads who asked for the side effect from its own ledger, and a read
+	// naming the job's current generation is kept on the holder as its
+	// activity only when the call is the holder's: a call of one of its
+	// descendants is answered from the holder's node (holder_exited),
+	// written nowhere, and any other call is refused (not_holders_call).
+	// A call this tool server did not begin is refused failed_precondition.
+	CallId        string `protobuf:"bytes,3,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetLeaseRequest) Reset() {
@@ -1930,6 +1940,13 @@ func (x *GetLeaseRequest) GetLeaseGeneration() uint64 {
 	return 0
 }
 
+func (x *GetLeaseRequest) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
 type GetLeaseResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Lease *Lease                 `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
@@ -1939,11 +1956,19 @@ type GetLeaseResponse struct {
 	// side effect under that generation; a tool server's answer then carries
 	// no expires_at, so a fence that does not know this field refuses too.
 	// A tool server's read is kept on the holder as activity after its
-	// confirmed exit; an agent's or an operator's read gates no side effect
-	// and is kept nowhere. A server without this field never sets it.
-	HolderExited  bool `protobuf:"varint,2,opt,name=holder_exited,json=holderExited,proto3" json:"holder_exited,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// confirmed exit, unless it names (call_id) another agent's call; an
+	// agent's or an operator's read gates no side effect and is kept
+	// nowhere. A server without this field never sets it.
+	HolderExited bool `protobuf:"varint,2,opt,name=holder_exited,json=holderExited,proto3" json:"holder_exited,omitempty"`
+	// Set when the request named a tool call (call_id) that is neither the
+	// holder's nor one of its descendants', under the job's current
+	// generation while it could act: the caller has no authority under the
+	// holder's lease, and a fence refuses the side effect. The answer then
+	// carries no expires_at, so a fence that does not know this field
+	// refuses too. A server without this field never sets it.
+	NotHoldersCall bool `protobuf:"varint,3,opt,name=not_holders_call,json=notHoldersCall,proto3" json:"not_holders_call,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *GetLeaseResponse) Reset() {
@@ -1986,6 +2011,13 @@ func (x *GetLeaseResponse) GetLease() *Lease {
 func (x *GetLeaseResponse) GetHolderExited() bool {
 	if x != nil {
 		return x.HolderExited
+	}
+	return false
+}
+
+func (x *GetLeaseResponse) GetNotHoldersCall() bool {
+	if x != nil {
+		return x.NotHoldersCall
 	}
 	return false
 }
@@ -3091,13 +3123,15 @@ const file_tether_v1_lease_proto_rawDesc = "" +
 	"\x06result\x18\x02 \x01(\x0e2\x19.tether.v1.TerminalResultR\x06result\x12D\n" +
 	"\x10unresolved_bound\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x0funresolvedBound\x12\x16\n" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\x12)\n" +
-	"\x10lease_generation\x18\x05 \x01(\x04R\x0fleaseGeneration\"S\n" +
+	"\x10lease_generation\x18\x05 \x01(\x04R\x0fleaseGeneration\"l\n" +
 	"\x0fGetLeaseRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12)\n" +
-	"\x10lease_generation\x18\x02 \x01(\x04R\x0fleaseGeneration\"_\n" +
+	"\x10lease_generation\x18\x02 \x01(\x04R\x0fleaseGeneration\x12\x17\n" +
+	"\acall_id\x18\x03 \x01(\tR\x06callId\"\x89\x01\n" +
 	"\x10GetLeaseResponse\x12&\n" +
 	"\x05lease\x18\x01 \x01(\v2\x10.tether.v1.LeaseR\x05lease\x12#\n" +
-	"\rholder_exited\x18\x02 \x01(\bR\fholderExited\"x\n" +
+	"\rholder_exited\x18\x02 \x01(\bR\fholderExited\x12(\n" +
+	"\x10not_holders_call\x18\x03 \x01(\bR\x0enotHoldersCall\"x\n" +
 	"\x11ListLeasesRequest\x12'\n" +
 	"\x0fholder_identity\x18\x01 \x01(\tR\x0eholderIdentity\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +

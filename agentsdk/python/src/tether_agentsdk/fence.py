@@ -15,6 +15,7 @@ from typing import Callable, Mapping
 
 from . import _wire
 from ._connect import NOT_FOUND, ConnectError, Conn
+from .toolgate import current_call
 
 HEADER_JOB_ID = "Tether-Job-Id"
 HEADER_LEASE_GENERATION = "Tether-Lease-Generation"
@@ -86,6 +87,11 @@ class Authority:
     until: float = 0.0
     #: Why the generation may not act, when not active.
     why: str = ""
+    #: The refusal is of the call the check named (a ToolGate call that is
+    #: neither the holder's nor one of its descendants'), not of the
+    #: generation, which may still act for its holder: a fence keeps what it
+    #: knows of the generation.
+    caller_refused: bool = False
 
 
 #: Asks the coordinator about job's lease, for a side effect claiming a
@@ -103,11 +109,27 @@ def issued_generations(conn: Conn) -> GenerationCheck:
     tool server's reads of that job when the answer admits the generation
     named, and to its refusals otherwise: callers claiming generations that
     are not the job's current one, or that may not act, cannot spend the
-    reads its holder's side effects need."""
+    reads its holder's side effects need.
+
+    Asked inside a ToolGate call (``current_call()``), it names the gate's
+    call: the control plane then reads whose call it is from its own ledger
+    and keeps a side effect under an exited holder's generation on the holder
+    only when the call is the holder's, so a stranger calling the tool with
+    the holder's job and generation is refused without framing the holder;
+    and a call that is neither the holder's nor one of its descendants' is
+    refused under the holder's generation however alive the holder is
+    (notHoldersCall).
+    The call must be one the gate began with the tool-server token conn
+    carries; another's is refused failed_precondition. Asked elsewhere, it
+    names no call (the read is weighed against the holder whoever asked)."""
 
     def check(job: str, generation: int) -> Authority:
+        request = {"jobId": job, "leaseGeneration": str(generation)}
+        gated = current_call()
+        if gated is not None:
+            request["callId"] = gated.call_id
         try:
-            resp = conn.call("LeaseService", "GetLease", {"jobId": job, "leaseGeneration": str(generation)})
+            resp = conn.call("LeaseService", "GetLease", request)
         except ConnectError as e:
             if e.code == NOT_FOUND:
                 raise UnissuedGeneration(f"fence: job {job!r} has no lease") from None
@@ -117,6 +139,8 @@ def issued_generations(conn: Conn) -> GenerationCheck:
         state = lease.get("state", "LEASE_STATE_UNSPECIFIED")
         if state != "LEASE_STATE_ACTIVE":
             return Authority(current, why="is " + str(state).removeprefix("LEASE_STATE_"))
+        if resp.get("notHoldersCall"):  # absent from a server without the field
+            return Authority(current, why="is not the holder's: the call is neither the holder's nor one of its descendants'", caller_refused=True)
         if resp.get("holderExited"):  # absent from a server without the field
             return Authority(current, why="is held by an agent whose exit was confirmed")
         if lease.get("cancelRequested"):
@@ -165,7 +189,9 @@ class Fence:
         self._clock = clock
         self._lock = threading.Lock()
         self._highest: dict[str, int] = {}
-        self._active: dict[str, tuple[int, float]] = {}  # job -> (generation an answer said may act, until)
+        # job -> (generation an answer said may act, until, the node of the
+        # gate call it was given for: "" outside a gate)
+        self._active: dict[str, tuple[int, float, str]] = {}
 
     def admit(self, job: str, generation: int) -> None:
         """Admits a side effect for job under generation, raising the job's
@@ -182,12 +208,14 @@ class Fence:
             # a request to the coordinator answered as if it were down.
             raise UnissuedGeneration(f"fence: {problem}")
         asked_at = self._clock() if self.max_stale > 0 else 0.0
+        gated = current_call()
+        caller = gated.node_id if gated is not None else ""
         with self._lock:
             h = self._highest.get(job, 0)
             if generation < h:
                 raise _fenced(job, generation, h)
             cached = self._active.get(job)
-            if self.check is None or (self.max_stale > 0 and cached is not None and cached[0] == generation and asked_at < cached[1]):
+            if self.check is None or (self.max_stale > 0 and cached is not None and cached[0] == generation and cached[2] == caller and asked_at < cached[1]):
                 self._observe(job, generation)
                 return
         a = self.check(job, generation)
@@ -200,13 +228,13 @@ class Fence:
                 raise UnissuedGeneration(f"fence: job {job!r} generation {generation} is above the coordinator's, {a.generation}")
             cached = self._active.get(job)
             if not a.active:
-                if cached is not None and cached[0] == generation:
+                if cached is not None and cached[0] == generation and not a.caller_refused:
                     del self._active[job]
                 raise NoAuthority(f"fence: job {job!r} generation {generation} {a.why or 'may not act'}")
             if self.max_stale > 0:
                 until = min(asked_at + self.max_stale, a.until)
-                if cached is None or cached[0] != generation or until > cached[1]:
-                    self._active[job] = (generation, until)
+                if cached is None or cached[0] != generation or cached[2] != caller or until > cached[1]:
+                    self._active[job] = (generation, until, caller)
 
     def admit_headers(self, headers: Mapping[str, str]) -> None:
         """admit() for a request's headers (any mapping, an

@@ -52,8 +52,12 @@ _current: contextvars.ContextVar["GateCall | None"] = contextvars.ContextVar("te
 def current_call() -> "GateCall | None":
     """The gated call the running code is inside, if any: a synchronous tool
     polls ``current_call().cancelled`` (or calls ``check()``) to observe a
-    cancellation."""
-    return _current.get()
+    cancellation. A call that has ended is no one's current call: blocks
+    left in another order than entered (a server's overlapping requests)
+    restore a context variable to a call that ended meanwhile, and a fence
+    asking in such code must not name it (``issued_generations``)."""
+    call = _current.get()
+    return call if call is not None and call._active else None
 
 
 class GateCall:
