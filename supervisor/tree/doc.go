@@ -41,8 +41,8 @@
 // termination moves a running node to EXITED; a later termination covering
 // it includes it. A node that never had a session (NeverSessioned) leaves
 // no end of its own for its activity to come after, so each request served
-// to its credential (and each active answer to a tool introspecting its
-// token) is noted on its ancestors whose exit was confirmed by then
+// to its credential (each active answer to a tool introspecting its token,
+// each tool call begun or request a gate reports served with it) is noted on its ancestors whose exit was confirmed by then
 // (NoteAtWorkAfterClaims, BelowAfterClaim, once each): such an ancestor's
 // bare claim, or an agent's attestation of it, is not corroborated
 // (JudgeExitBeside) — the ancestor was issued that credential.
