@@ -36,7 +36,23 @@ func (s *Server) agentActive(ctx context.Context, nodeID string) (string, error)
 	if procedure == tetherv1connect.AgentServiceConfirmExitProcedure {
 		return s.nodeAlive(ctx, nodeID)
 	}
-	return s.agentAct(ctx, nodeID, activityOf(procedure), "a call to "+procedure)
+	return s.agentActAs(ctx, nodeID, activityOf(procedure), "a call to "+procedure, refusedWhileStopping[procedure])
+}
+
+// refusedWhileStopping are the procedures a stop refuses to a node it
+// covers (docs/design.md §4): a draining or aborting node's call to one is
+// not served, and is not weighed against its ancestors' claims
+// (tree.NoteAtWorkAfterClaims) — an honest parent that exited on its
+// drain while its rogue child, which never had a session, tried a spawn,
+// reads confirmed.
+var refusedWhileStopping = map[string]bool{
+	tetherv1connect.AgentServiceSpawnProcedure:                  true,
+	tetherv1connect.AgentServiceSpawnBatchProcedure:             true,
+	tetherv1connect.AgentServiceProposeStopProcedure:            true,
+	tetherv1connect.AgentServiceReportReadyProcedure:            true,
+	tetherv1connect.CapabilityServiceDelegateProcedure:          true,
+	tetherv1connect.CapabilityServiceRefreshProcedure:           true,
+	tetherv1connect.SupervisorServiceRegisterPrivilegeProcedure: true,
 }
 
 // activityOf names the kind of activity a procedure is, for the record.
@@ -61,6 +77,18 @@ func activityOf(procedure string) string {
 // contradiction), and returns its lineage. A node that may act is remembered (activeNodes) until it changes, so an
 // agent's calls do not read its node each time.
 func (s *Server) agentAct(ctx context.Context, nodeID, kind, detail string) (string, error) {
+	return s.agentActAs(ctx, nodeID, kind, detail, false)
+}
+
+// agentActAs is agentAct for a request that a stop covering the node
+// refuses when refusedWhileStopping. A node that never had a session
+// (tree.NeverSessioned) is not remembered: each of its requests is
+// weighed against its ancestors' claims of exit (tree.NoteAtWorkAfterClaims,
+// one read of its ancestors), unless it is stopping and the request one
+// its stop refuses. Until the thirty-seventh pass a rogue parent that
+// claimed its exit and worked on with such a child's credential read
+// confirmed by the control plane.
+func (s *Server) agentActAs(ctx context.Context, nodeID, kind, detail string, refusedWhileStopping bool) (string, error) {
 	lineage, ok, gen := s.active.lookup(nodeID)
 	if ok {
 		return lineage, nil
@@ -77,6 +105,16 @@ func (s *Server) agentAct(ctx context.Context, nodeID, kind, detail string) (str
 		return "", fmt.Errorf("%w: node %s is terminated", auth.ErrRevoked, nodeID)
 	}
 	lineage = lineageOf(n)
+	if tree.NeverSessioned(n) {
+		stopping := n.State == tree.NodeStateDraining || n.State == tree.NodeStateAborting
+		if refusedWhileStopping && stopping {
+			return lineage, nil
+		}
+		if err := s.tree.NoteAtWorkAfterClaims(ctx, n, kind); err != nil {
+			return "", err
+		}
+		return lineage, nil
+	}
 	s.active.remember(nodeID, lineage, gen)
 	return lineage, nil
 }

@@ -253,7 +253,15 @@ func (c *capabilityService) holderMayAct(ctx context.Context, holder string, ver
 		return verdict, nil
 	case err != nil:
 		return verdict, err
-	case !verdict.Active || !tree.ExitConfirmed(n) || n.State == tree.NodeStateTerminated:
+	case !verdict.Active || n.State == tree.NodeStateTerminated:
+		return verdict, nil
+	case !tree.ExitConfirmed(n):
+		// A token of a holder that never had a session, answered active
+		// to a tool: the holder served, weighed against its ancestors'
+		// claims of exit as its own requests are (agentActAs).
+		if p, ok := auth.FromContext(ctx); ok && (p.IsToolServer() || p.IsAgent()) {
+			return verdict, c.s.tree.NoteAtWorkAfterClaims(ctx, n, tree.ActivityRequest)
+		}
 		return verdict, nil
 	}
 	verdict.Active = false

@@ -64,7 +64,24 @@ func (t *toolService) BeginCall(ctx context.Context, req *connect.Request[tether
 	if err := auth.RefusalsSpent(ctx); err != nil && !t.s.grants.Plausible(req.Msg.Token) {
 		return nil, err
 	}
-	call, err := l.Begin(ctx, req.Msg.Token, req.Msg.Tool, gate, req.Msg.RequiredScope, p.ID(), t.charge)
+	// The holder as charge read it (a node not remembered as active: one
+	// that never had a session is never remembered, agentActAs).
+	var holder *tree.Node
+	call, err := l.Begin(ctx, req.Msg.Token, req.Msg.Tool, gate, req.Msg.RequiredScope, p.ID(), func(ctx context.Context, nodeID string) error {
+		n, err := t.chargeHolder(ctx, nodeID)
+		if nodeID != "" {
+			holder = n
+		}
+		return err
+	})
+	// A call begun, or a request the gate served (a seen report), with
+	// the token of a node that never had a session is weighed against
+	// its ancestors' claims of exit as its own requests are.
+	if (err == nil || errors.Is(err, ledger.ErrSeenNoted)) && holder != nil {
+		if nerr := t.s.tree.NoteAtWorkAfterClaims(ctx, holder, tree.ActivityToolCall); nerr != nil {
+			return nil, toConnect(nerr)
+		}
+	}
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -76,8 +93,15 @@ func (t *toolService) BeginCall(ctx context.Context, req *connect.Request[tether
 // the gate's refusal budget. A gate asks about every token it is shown, so
 // one rogue caller must not spend what every caller of the gate shares.
 func (t *toolService) charge(ctx context.Context, nodeID string) error {
+	_, err := t.chargeHolder(ctx, nodeID)
+	return err
+}
+
+// chargeHolder is charge, answering also the holder's node when it read
+// it (a node not remembered as active), else nil.
+func (t *toolService) chargeHolder(ctx context.Context, nodeID string) (*tree.Node, error) {
 	if nodeID == "" {
-		return auth.ChargeRefused(ctx)
+		return nil, auth.ChargeRefused(ctx)
 	}
 	lineage, ok := "", false
 	if t.s.active != nil {
@@ -88,7 +112,7 @@ func (t *toolService) charge(ctx context.Context, nodeID string) error {
 		var err error
 		n, err = t.s.tree.Get(ctx, nodeID)
 		if err != nil {
-			return auth.ChargeRefused(ctx)
+			return nil, auth.ChargeRefused(ctx)
 		}
 		lineage = lineageOf(n)
 	}
@@ -102,7 +126,7 @@ func (t *toolService) charge(ctx context.Context, nodeID string) error {
 	// was read with it not so, and is forgotten at its next end), on the
 	// read the charge already made: a flood costs no write.
 	if refused == nil || n == nil || n.State == tree.NodeStateTerminated {
-		return refused
+		return n, refused
 	}
 	switch {
 	case tree.ExitConfirmed(n):
@@ -113,15 +137,15 @@ func (t *toolService) charge(ctx context.Context, nodeID string) error {
 		// contradiction is: past the bound, on the read already made.
 		if len(n.Contradictions) < tree.MaxContradictions {
 			if _, err := t.s.tree.Act(ctx, nodeID, tree.ActivityToolCall, "a tool call refused for its lineage's spent rate budget"); err != nil && !errors.Is(err, tree.ErrNodeExited) {
-				return err
+				return n, err
 			}
 		}
 	case tree.SessionEndIsLastSeen(n):
 		if err := t.s.tree.SeenAlive(ctx, nodeID); err != nil {
-			return err
+			return n, err
 		}
 	}
-	return refused
+	return n, refused
 }
 
 func (t *toolService) EndCall(ctx context.Context, req *connect.Request[tetherv1.EndCallRequest]) (*connect.Response[tetherv1.EndCallResponse], error) {

@@ -48,7 +48,9 @@
 // and a bare claim only while no descendant of the node (a child, whose
 // credential it was issued, or one spawned below with such a credential)
 // has a session, a stream or a tool call open, or was seen at work after
-// its own last end (its session's, or its confirmed exit), and no tool
+// its own last end (its session's, or its confirmed exit), or, never
+// having had a session, was served after the node's claim was stored
+// (tree.NoteAtWorkAfterClaims), and no tool
 // call of the node itself is still open at the record; an agent's attestation (an
 // ancestor outside the workload) is weighed against these as a bare claim
 // is, a launcher's is not.

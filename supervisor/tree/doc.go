@@ -39,7 +39,13 @@
 // Introspect answers its tokens inactive, and keeps a tool server's or an
 // agent's introspection of them as such an attempt (through Act). A confirmation outside a
 // termination moves a running node to EXITED; a later termination covering
-// it includes it.
+// it includes it. A node that never had a session (NeverSessioned) leaves
+// no end of its own for its activity to come after, so each request served
+// to its credential (each active answer to a tool introspecting its token,
+// each tool call begun or request a gate reports served with it) is noted on its ancestors whose exit was confirmed by then
+// (NoteAtWorkAfterClaims, BelowAfterClaim, once each): such an ancestor's
+// bare claim, or an agent's attestation of it, is not corroborated
+// (JudgeExitBeside) — the ancestor was issued that credential.
 //
 // Signals pushes drain and abort signals to open sessions from the nodes'
 // stored state (a watch on the nodes), wherever the decision was made.
@@ -47,6 +53,10 @@
 // Callers' duties:
 //   - Refuse the request when Act returns ErrNodeExited: it has already
 //     stored the contradiction.
+//   - Call NoteAtWorkAfterClaims for each request served to a node's
+//     credential (not one its stop refuses while it is draining or
+//     aborting), and do not answer a never-sessioned node's requests from
+//     a cache that skips it.
 //   - Call SessionClosed when a session ends, with a context that outlives
 //     the stream; call CloseStaleSessions at start only in a process that
 //     owns its store alone.

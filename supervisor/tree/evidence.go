@@ -158,6 +158,80 @@ func (t *Tree) SeenAlive(ctx context.Context, nodeID string) error {
 	})
 }
 
+// NeverSessioned reports whether n never had a session the control plane
+// saw open: what it sees of n's credential leaves no end behind it
+// (SeenAfterSessionEnd), and is weighed against its ancestors' claims by
+// NoteAtWorkAfterClaims.
+func NeverSessioned(n *Node) bool { return n.SessionOpenedAt.IsZero() }
+
+// NoteAtWorkAfterClaims records that the control plane is serving n's
+// credential now (a request of the given kind), for a node that never had
+// a session (NeverSessioned): on each ancestor of n whose exit was
+// confirmed, not terminated, that has none noted yet (BelowAfterClaim),
+// it notes n. The ancestor was issued n's credential (a child's at its
+// spawn, a deeper one from the Spawn's answer below it), and its claim
+// was stored before this request was served: so n's activity came after
+// the claim, in the store's order, whatever the replicas' clocks — which
+// a descendant's own observations cannot say when it never had a session
+// whose end to come after. A bare claim (or an agent's attestation) is
+// then not corroborated (JudgeExitBeside). Until the thirty-seventh pass
+// a rogue parent that ended its session, claimed its exit and worked on
+// by requests with its never-sessioned child's credential read confirmed
+// by the control plane, the life put on the child alone. One read of n's
+// ancestors (prefetched together on etcd); a write only the first time
+// for each ancestor, so a flood costs reads.
+func (t *Tree) NoteAtWorkAfterClaims(ctx context.Context, n *Node, kind string) error {
+	if n == nil || n.State == NodeStateTerminated || !NeverSessioned(n) || len(n.Ancestors) == 0 {
+		return nil
+	}
+	claimed := func(a *Node) bool {
+		return a.State != NodeStateTerminated && ExitConfirmed(a) && len(a.BelowAfterClaim) == 0
+	}
+	var ids []string
+	err := t.Store.View(ctx, func(tx store.ReadTxn) error {
+		ids = ids[:0]
+		if err := store.Prefetch(tx, store.KeysOf(n.Ancestors, nodeKey), nil); err != nil {
+			return err
+		}
+		for _, id := range n.Ancestors {
+			a, err := getNode(tx, id)
+			if errors.Is(err, ErrNodeNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if claimed(a) {
+				ids = append(ids, id)
+			}
+		}
+		return nil
+	})
+	if err != nil || len(ids) == 0 {
+		return err
+	}
+	now := t.Clock.Now()
+	return t.Store.Update(ctx, func(tx store.Txn) error {
+		for _, id := range ids {
+			a, err := getNode(tx, id)
+			if errors.Is(err, ErrNodeNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if !claimed(a) {
+				continue
+			}
+			a.BelowAfterClaim = []BelowAfterClaim{{NodeID: n.NodeID, ParentNodeID: n.ParentNodeID, Kind: kind, At: now}}
+			if err := putNode(tx, a); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 // A node's streams of its own credential that are not sessions in the
 // exit evidence's sense (their end does not witness the process's: its
 // revocation feeds, its termination watches) are kept on the node with its
@@ -660,6 +734,9 @@ func atWork(n *Node, beside Beside) string {
 		return fmt.Sprintf("its tool call %s (%q at gate %q, begun %s) is still open: its gate neither ended it nor acknowledged its cancel, and the tool may still be at work for the node",
 			c.CallID, c.Tool, c.GateID, c.BegunAt.UTC().Format(time.RFC3339))
 	}
+	if len(n.BelowAfterClaim) > 0 {
+		return workedAfterClaim(n, n.BelowAfterClaim[0])
+	}
 	if w := childAlive(n, beside.Descendants); w != "" {
 		return w
 	}
@@ -718,4 +795,16 @@ func workedBeside(n, c *Node) string {
 	}
 	return fmt.Sprintf("its child %s %s, with the credential this node was issued at that child's spawn: the control plane cannot tell the child's activity from this node's",
 		c.NodeID, what)
+}
+
+// workedAfterClaim words a descendant that never had a session, its
+// credential served after n's exit was confirmed (NoteAtWorkAfterClaims).
+func workedAfterClaim(n *Node, b BelowAfterClaim) string {
+	what := fmt.Sprintf("which never had a session, had a %s served (%s) after this node's claim of its exit was stored", b.Kind, b.At.UTC().Format(time.RFC3339))
+	if b.ParentNodeID != n.NodeID {
+		return fmt.Sprintf("its descendant %s (spawned under %s), %s, with a credential this node may hold: it was issued its child's credential at that child's spawn, and with it may spawn below and take each credential the spawn issues; the control plane cannot tell the descendant's activity from this node's",
+			b.NodeID, b.ParentNodeID, what)
+	}
+	return fmt.Sprintf("its child %s, %s, with the credential this node was issued at that child's spawn: the control plane cannot tell the child's activity from this node's",
+		b.NodeID, what)
 }

@@ -53,6 +53,21 @@ type Node struct {
 	// are the store's order. Zero: written before they were kept.
 	LastSeenSeq      uint64 `pb:"20"`
 	SessionClosedSeq uint64 `pb:"21"`
+	// A descendant that never had a session, its credential served after
+	// this node's exit was confirmed (NoteAtWorkAfterClaims): the first
+	// one seen (bounded to one). Stored only, not on the wire.
+	BelowAfterClaim []BelowAfterClaim `pb:"22"`
+}
+
+// BelowAfterClaim is a descendant of a node whose credential the control
+// plane served after the node's exit was confirmed, read as stored when
+// the descendant's request came: so in the store's order, not by two
+// nodes' times.
+type BelowAfterClaim struct {
+	NodeID       string    `pb:"1"`
+	ParentNodeID string    `pb:"2"`
+	Kind         string    `pb:"3"` // one of the Activity kinds
+	At           time.Time `pb:"4"`
 }
 
 // nextSeenSeq is the number the next observation of n's life takes.
