@@ -20,6 +20,7 @@ import (
 // Node is an agent-tree node as the API shows it.
 //
 // Not converted here:
+// domain BelowAfterClaim: the store's own bookkeeping (a never-sessioned descendant served after the node's claimed exit, for its exit), never shown.
 // domain Holds: the store's own bookkeeping (what the node may hold, for terminations), never shown.
 // domain LastSeenSeq: the store's own bookkeeping (the order of the node's observations, for its exit), never shown.
 // domain SessionClosedSeq: the store's own bookkeeping (the order of the node's observations, for its exit), never shown.
