@@ -2,6 +2,7 @@ package mcpgate
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -10,9 +11,13 @@ import (
 	"mime"
 	"net/http"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/tetherhq/tether/internal/clock"
 )
 
 // MaxUpstreamAnswerBytes bounds an upstream's answer: a body that is not
@@ -100,6 +105,82 @@ func (b boundedAnswers) RoundTrip(r *http.Request) (*http.Response, error) {
 		resp.Body = &boundedBody{ReadCloser: resp.Body, left: MaxUpstreamAnswerBytes}
 	}
 	return resp, nil
+}
+
+// answerBound is how long the gateway waits to write to an upstream what
+// is neither a call nor a listing of its own: its answer to the
+// upstream's own request (ping, roots/list; sampling and elicitation,
+// refused) or a notification. The Go SDK's client writes an answer under
+// a context that never ends, and closing a connection waits for every
+// request of the upstream's being answered: an upstream that asked and
+// never took the answer (over HTTP, never answered the POST carrying it;
+// over stdio, no longer read its input) held the gateway's Close for
+// ever, and each such answer held a goroutine and a connection for as
+// long. Each write now ends as the gateway closes, or wait (the gateway's
+// ConnectTimeout) after it began.
+type answerBound struct {
+	closing context.Context // ends as the gateway closes
+	clock   clock.Clock
+	wait    time.Duration
+}
+
+// bind is ctx, ended as b says; done lets go of it.
+func (b answerBound) bind(ctx context.Context) (_ context.Context, done func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stops := []func() bool{}
+	if b.clock != nil && b.wait > 0 {
+		stops = append(stops, b.clock.AfterFunc(b.wait, func() { cancel(errConnectTimeout) }).Stop)
+	}
+	if b.closing != nil {
+		stops = append(stops, context.AfterFunc(b.closing, func() { cancel(errGatewayClosing) }))
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel(nil)
+	}
+}
+
+// answerWaits is an HTTP upstream's transport with answerBound on each
+// POST that carries no call of the gateway's (its answer to the
+// upstream's request, a notification): the SDK's client gives it a
+// context that never ends. A call's POST ends with the call (the control
+// plane's cancel, the gateway's shutdown), a listing's with its
+// ConnectTimeout or the gateway's Close.
+type answerWaits struct {
+	next  http.RoundTripper
+	bound answerBound
+}
+
+func (a answerWaits) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method != http.MethodPost {
+		return a.next.RoundTrip(r)
+	}
+	if _, call := callID(r); call {
+		return a.next.RoundTrip(r)
+	}
+	ctx, done := a.bound.bind(r.Context())
+	resp, err := a.next.RoundTrip(r.WithContext(ctx))
+	if err != nil || resp.Body == nil {
+		done()
+		return resp, err
+	}
+	resp.Body = &closeThen{ReadCloser: resp.Body, then: done}
+	return resp, nil
+}
+
+// closeThen runs then once its body is closed.
+type closeThen struct {
+	io.ReadCloser
+	once sync.Once
+	then func()
+}
+
+func (c *closeThen) Close() error {
+	err := c.ReadCloser.Close()
+	c.once.Do(c.then)
+	return err
 }
 
 // transientStatus is what the SDK's client keeps a connection through
