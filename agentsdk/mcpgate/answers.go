@@ -107,17 +107,19 @@ func (b boundedAnswers) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// answerBound is how long the gateway waits to write to an upstream what
-// is neither a call nor a listing of its own: its answer to the
-// upstream's own request (ping, roots/list; sampling and elicitation,
-// refused) or a notification. The Go SDK's client writes an answer under
+// answerBound is how long the gateway waits to write to an upstream its
+// answer to the upstream's own request (ping, roots/list; sampling and
+// elicitation, refused). The Go SDK's client writes such an answer under
 // a context that never ends, and closing a connection waits for every
 // request of the upstream's being answered: an upstream that asked and
 // never took the answer (over HTTP, never answered the POST carrying it;
 // over stdio, no longer read its input) held the gateway's Close for
 // ever, and each such answer held a goroutine and a connection for as
-// long. Each write now ends as the gateway closes, or wait (the gateway's
-// ConnectTimeout) after it began.
+// long. Each write of an answer now ends as the gateway closes, or wait
+// (the gateway's ConnectTimeout) after it began. (The gateway's requests
+// end with their own contexts; its notifications — initialized, within
+// the connection's ConnectTimeout, and cancelled, within the SDK's 5 s —
+// too.)
 type answerBound struct {
 	closing context.Context // ends as the gateway closes
 	clock   clock.Clock
@@ -143,11 +145,7 @@ func (b answerBound) bind(ctx context.Context) (_ context.Context, done func()) 
 }
 
 // answerWaits is an HTTP upstream's transport with answerBound on each
-// POST that carries no call of the gateway's (its answer to the
-// upstream's request, a notification): the SDK's client gives it a
-// context that never ends. A call's POST ends with the call (the control
-// plane's cancel, the gateway's shutdown), a listing's with its
-// ConnectTimeout or the gateway's Close.
+// POST that carries the gateway's answer to the upstream's own request.
 type answerWaits struct {
 	next  http.RoundTripper
 	bound answerBound
@@ -157,7 +155,7 @@ func (a answerWaits) RoundTrip(r *http.Request) (*http.Response, error) {
 	if r.Method != http.MethodPost {
 		return a.next.RoundTrip(r)
 	}
-	if _, call := callID(r); call {
+	if !carriesAnswer(r) {
 		return a.next.RoundTrip(r)
 	}
 	ctx, done := a.bound.bind(r.Context())
@@ -168,6 +166,27 @@ func (a answerWaits) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	resp.Body = &closeThen{ReadCloser: resp.Body, then: done}
 	return resp, nil
+}
+
+// carriesAnswer reports whether the POST r carries a JSON-RPC response
+// (the gateway's answer to the upstream's request), not a request or a
+// notification of the gateway's.
+func carriesAnswer(r *http.Request) bool {
+	if _, call := callID(r); call || r.GetBody == nil {
+		return false
+	}
+	body, err := r.GetBody()
+	if err != nil {
+		return false
+	}
+	defer body.Close()
+	b, err := io.ReadAll(io.LimitReader(body, mcp.DefaultMaxRequestBodyBytes))
+	if err != nil {
+		return false
+	}
+	msg, err := jsonrpc.DecodeMessage(b)
+	_, answer := msg.(*jsonrpc.Response)
+	return err == nil && answer
 }
 
 // closeThen runs then once its body is closed.

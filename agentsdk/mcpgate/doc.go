@@ -115,10 +115,10 @@
 // call is unknown). A gateway that dies mid-call acknowledges
 // nothing, and the record shows the call unresolved. Close waits for no
 // upstream's word: a relisting ends as it begins, and so does each write
-// to an upstream that is not a request of the gateway's (its answer to
-// the upstream's own ping or roots/list, a notification), ConnectTimeout
-// after the write began at the latest; over stdio such a write still
-// under way then ends the connection, as a call's does.
+// of the gateway's answer to the upstream's own request (ping,
+// roots/list), ConnectTimeout after it began at the latest; over stdio
+// such a write still under way then ends the connection, as a call's
+// does.
 //
 // # Sessions
 //

@@ -407,8 +407,8 @@ func (g *Gateway) transport(u Upstream) mcp.Transport {
 	return stdioTransport{Transport: &mcp.CommandTransport{Command: cmd}, bound: g.answerBound()}
 }
 
-// answerBound bounds the gateway's writes to an upstream that are neither
-// its calls nor its listings.
+// answerBound bounds the gateway's writes of its answers to an upstream's
+// own requests.
 func (g *Gateway) answerBound() answerBound {
 	return answerBound{closing: g.closing, clock: g.cfg.Clock, wait: g.cfg.ConnectTimeout}
 }

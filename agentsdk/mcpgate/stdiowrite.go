@@ -9,8 +9,8 @@ import (
 )
 
 // stdioTransport is a stdio upstream's transport: the SDK's, whose writes
-// its callers can abandon (abandonableWrites), what is not a call under
-// bound (answerBound).
+// its callers can abandon (abandonableWrites), its answers to the
+// upstream's requests under bound (answerBound).
 type stdioTransport struct {
 	mcp.Transport
 	bound answerBound
@@ -42,17 +42,17 @@ const abandonedWriteGrace = time.Second
 // A write that completes before the connection ends was written whole:
 // the call goes on as any the cancel overtook after its request was sent.
 //
-// What is not a call (the gateway's answer to the upstream's own request,
-// a notification) is written under bound: the SDK's client writes an
-// answer under a context that never ends, and an upstream that asked and
-// no longer read its input held the gateway's Close for ever.
+// The gateway's answer to the upstream's own request is written under
+// bound: the SDK's client writes it under a context that never ends, and
+// an upstream that asked and no longer read its input held the gateway's
+// Close for ever.
 type abandonableWrites struct {
 	mcp.Connection
 	bound answerBound
 }
 
 func (c abandonableWrites) Write(ctx context.Context, msg jsonrpc.Message) error {
-	if req, ok := msg.(*jsonrpc.Request); !ok || !req.IsCall() {
+	if _, answer := msg.(*jsonrpc.Response); answer {
 		var done func()
 		ctx, done = c.bound.bind(ctx)
 		defer done()
