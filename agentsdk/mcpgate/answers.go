@@ -2,6 +2,7 @@ package mcpgate
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -10,9 +11,13 @@ import (
 	"mime"
 	"net/http"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/tetherhq/tether/internal/clock"
 )
 
 // MaxUpstreamAnswerBytes bounds an upstream's answer: a body that is not
@@ -100,6 +105,101 @@ func (b boundedAnswers) RoundTrip(r *http.Request) (*http.Response, error) {
 		resp.Body = &boundedBody{ReadCloser: resp.Body, left: MaxUpstreamAnswerBytes}
 	}
 	return resp, nil
+}
+
+// answerBound is how long the gateway waits to write to an upstream its
+// answer to the upstream's own request (ping, roots/list; sampling and
+// elicitation, refused). The Go SDK's client writes such an answer under
+// a context that never ends, and closing a connection waits for every
+// request of the upstream's being answered: an upstream that asked and
+// never took the answer (over HTTP, never answered the POST carrying it;
+// over stdio, no longer read its input) held the gateway's Close for
+// ever, and each such answer held a goroutine and a connection for as
+// long. Each write of an answer now ends as the gateway closes, or wait
+// (the gateway's ConnectTimeout) after it began. (The gateway's requests
+// end with their own contexts; its notifications — initialized, within
+// the connection's ConnectTimeout, and cancelled, within the SDK's 5 s —
+// too.)
+type answerBound struct {
+	closing context.Context // ends as the gateway closes
+	clock   clock.Clock
+	wait    time.Duration
+}
+
+// bind is ctx, ended as b says; done lets go of it.
+func (b answerBound) bind(ctx context.Context) (_ context.Context, done func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stops := []func() bool{}
+	if b.clock != nil && b.wait > 0 {
+		stops = append(stops, b.clock.AfterFunc(b.wait, func() { cancel(errConnectTimeout) }).Stop)
+	}
+	if b.closing != nil {
+		stops = append(stops, context.AfterFunc(b.closing, func() { cancel(errGatewayClosing) }))
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel(nil)
+	}
+}
+
+// answerWaits is an HTTP upstream's transport with answerBound on each
+// POST that carries the gateway's answer to the upstream's own request.
+type answerWaits struct {
+	next  http.RoundTripper
+	bound answerBound
+}
+
+func (a answerWaits) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method != http.MethodPost {
+		return a.next.RoundTrip(r)
+	}
+	if !carriesAnswer(r) {
+		return a.next.RoundTrip(r)
+	}
+	ctx, done := a.bound.bind(r.Context())
+	resp, err := a.next.RoundTrip(r.WithContext(ctx))
+	if err != nil || resp.Body == nil {
+		done()
+		return resp, err
+	}
+	resp.Body = &closeThen{ReadCloser: resp.Body, then: done}
+	return resp, nil
+}
+
+// carriesAnswer reports whether the POST r carries a JSON-RPC response
+// (the gateway's answer to the upstream's request), not a request or a
+// notification of the gateway's.
+func carriesAnswer(r *http.Request) bool {
+	if _, call := callID(r); call || r.GetBody == nil {
+		return false
+	}
+	body, err := r.GetBody()
+	if err != nil {
+		return false
+	}
+	defer body.Close()
+	b, err := io.ReadAll(io.LimitReader(body, mcp.DefaultMaxRequestBodyBytes))
+	if err != nil {
+		return false
+	}
+	msg, err := jsonrpc.DecodeMessage(b)
+	_, answer := msg.(*jsonrpc.Response)
+	return err == nil && answer
+}
+
+// closeThen runs then once its body is closed.
+type closeThen struct {
+	io.ReadCloser
+	once sync.Once
+	then func()
+}
+
+func (c *closeThen) Close() error {
+	err := c.ReadCloser.Close()
+	c.once.Do(c.then)
+	return err
 }
 
 // transientStatus is what the SDK's client keeps a connection through

@@ -118,7 +118,13 @@ type Gateway struct {
 
 	closed    chan struct{} // closed by Close: no more reconnecting
 	closeOnce sync.Once
-	watchers  sync.WaitGroup
+	// closing ends as Close begins (closed's context): the gateway's own
+	// waits on an upstream (a relisting, its answer to the upstream's own
+	// request) end with it, or closing the upstream's connection, which
+	// waits for them, held Close for as long as the upstream did.
+	closing    context.Context
+	endClosing context.CancelFunc
+	watchers   sync.WaitGroup
 
 	// running is the context every forwarded call runs under (beside the
 	// control plane's cancel): not the agent's request, which the agent
@@ -211,6 +217,7 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	g := &Gateway{cfg: cfg, log: cfg.Logger, upstreams: map[string]*upstream{}, routes: map[string]*route{}, closed: make(chan struct{})}
 	g.running, g.abandonCalls = context.WithCancelCause(context.Background())
+	g.closing, g.endClosing = context.WithCancel(context.Background())
 	g.owed.path = cfg.OwedReportsFile
 	g.calls.max = cfg.MaxCallsPerNode
 	g.server = mcp.NewServer(&mcp.Implementation{Name: cfg.Name, Version: cfg.Version}, &mcp.ServerOptions{
@@ -384,7 +391,8 @@ func (g *Gateway) transport(u Upstream) mcp.Transport {
 	if u.URL != "" {
 		// MaxEventSize set, not left 0: the SDK's streamable client takes 0 as
 		// no bound at all (its SSE client takes it as the default).
-		return &mcp.StreamableClientTransport{Endpoint: u.URL, HTTPClient: &http.Client{Transport: boundedAnswers{http.DefaultTransport}}, MaxEventSize: MaxUpstreamAnswerBytes}
+		transport := answerWaits{next: boundedAnswers{http.DefaultTransport}, bound: g.answerBound()}
+		return &mcp.StreamableClientTransport{Endpoint: u.URL, HTTPClient: &http.Client{Transport: transport}, MaxEventSize: MaxUpstreamAnswerBytes}
 	}
 	cmd := exec.Command(u.Command[0], u.Command[1:]...)
 	cmd.Dir = u.Dir
@@ -396,13 +404,22 @@ func (g *Gateway) transport(u Upstream) mcp.Transport {
 		cmd.Env = append(cmd.Env, k+"="+u.Env[k])
 	}
 	cmd.Stderr = g.cfg.Stderr
-	return stdioTransport{&mcp.CommandTransport{Command: cmd}}
+	return stdioTransport{Transport: &mcp.CommandTransport{Command: cmd}, bound: g.answerBound()}
+}
+
+// answerBound bounds the gateway's writes of its answers to an upstream's
+// own requests.
+func (g *Gateway) answerBound() answerBound {
+	return answerBound{closing: g.closing, clock: g.cfg.Clock, wait: g.cfg.ConnectTimeout}
 }
 
 // Close disconnects from the upstreams (stopping stdio ones), and stops
 // the gate and the verifier when Open started them.
 func (g *Gateway) Close() {
-	g.closeOnce.Do(func() { close(g.closed) })
+	g.closeOnce.Do(func() {
+		close(g.closed)
+		g.endClosing()
+	})
 	g.abandonCalls(errGatewayClosing)
 	g.mu.Lock()
 	var sessions []*mcp.ClientSession
@@ -484,8 +501,12 @@ func (g *Gateway) refreshSession(cs *mcp.ClientSession) {
 			found.relistMu.Lock()
 			found.again = false // what was told so far, this listing sees
 			found.relistMu.Unlock()
-			ctx, done := g.bounded(context.Background())
-			if err := g.refresh(ctx, found); err != nil {
+			// Ended as the gateway closes, too: closing the upstream's
+			// connection waits for the listing's answer, and an upstream
+			// that said its tools changed and never answered the listing
+			// held Close for ConnectTimeout (each upstream in turn).
+			ctx, done := g.bounded(g.closing)
+			if err := g.refresh(ctx, found); err != nil && g.closing.Err() == nil {
 				g.log.Warn("mcpgate: relisting an upstream's tools failed", "upstream", found.cfg.Name, "error", g.explain(ctx, err, found, "tools/list"))
 			}
 			done()

@@ -29,6 +29,10 @@ func TestMain(m *testing.M) {
 		stopsReading(marker)
 		return
 	}
+	if marker := os.Getenv("MCPGATE_ROGUE37E_PINGS"); marker != "" {
+		pingsAndStopsReading(marker)
+		return
+	}
 	if dir := os.Getenv("MCPGATE_ROGUE21_EXITS"); dir != "" {
 		exitsOnceListed(dir)
 		return

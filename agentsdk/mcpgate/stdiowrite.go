@@ -9,15 +9,19 @@ import (
 )
 
 // stdioTransport is a stdio upstream's transport: the SDK's, whose writes
-// its callers can abandon (abandonableWrites).
-type stdioTransport struct{ mcp.Transport }
+// its callers can abandon (abandonableWrites), its answers to the
+// upstream's requests under bound (answerBound).
+type stdioTransport struct {
+	mcp.Transport
+	bound answerBound
+}
 
 func (t stdioTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	c, err := t.Transport.Connect(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return abandonableWrites{c}, nil
+	return abandonableWrites{Connection: c, bound: t.bound}, nil
 }
 
 // abandonedWriteGrace is how long a write whose context ended may still
@@ -37,9 +41,22 @@ const abandonedWriteGrace = time.Second
 // the other calls in flight on it fail, as on any stdio upstream's exit.
 // A write that completes before the connection ends was written whole:
 // the call goes on as any the cancel overtook after its request was sent.
-type abandonableWrites struct{ mcp.Connection }
+//
+// The gateway's answer to the upstream's own request is written under
+// bound: the SDK's client writes it under a context that never ends, and
+// an upstream that asked and no longer read its input held the gateway's
+// Close for ever.
+type abandonableWrites struct {
+	mcp.Connection
+	bound answerBound
+}
 
 func (c abandonableWrites) Write(ctx context.Context, msg jsonrpc.Message) error {
+	if _, answer := msg.(*jsonrpc.Response); answer {
+		var done func()
+		ctx, done = c.bound.bind(ctx)
+		defer done()
+	}
 	if err := ctx.Err(); err != nil {
 		return err // not written at all (the SDK's own rule)
 	}
