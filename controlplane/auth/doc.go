@@ -25,7 +25,10 @@
 // fresh credential's first call does not pay its address's budget below);
 // expiry, the key's presence in the ring, the
 // token's revocation, the agent's node, the policy and the rate limit are
-// still checked on every call.
+// still checked on every call. It holds at most four tokens of one
+// principal and an eighth of its entries of one agent lineage, so that
+// neither an agent minting itself credentials nor a lineage spawning
+// thousands of children pushes other callers' tokens out.
 //
 // Rate limits (RateLimiter) are token buckets per budget: an agent spends
 // from its lineage's (its root and every descendant share one), an

@@ -248,13 +248,16 @@ func (i *Interceptor) Authenticate(ctx context.Context, procedure string, header
 // a connection of its own (a spawned child's, a new root's), is not paid
 // from its address's budget for requests without a valid credential: a
 // rogue behind the same address (a NAT) that kept that budget spent with
-// forged tokens kept every child spawned there from starting.
-func (i *Interceptor) MintAgent(nodeID string, now time.Time, ttl time.Duration) (token string, exp time.Time, err error) {
+// forged tokens kept every child spawned there from starting. lineage is
+// the node's (the root of its tree): the token is kept in its lineage's
+// share of the cache (TokenCache), so that a lineage spawning thousands of
+// children does not push other lineages' tokens out.
+func (i *Interceptor) MintAgent(nodeID, lineage string, now time.Time, ttl time.Duration) (token string, exp time.Time, err error) {
 	token, m, err := i.Issuer.minted(AudienceAgent, nodeID, "", now, ttl)
 	if err != nil {
 		return "", time.Time{}, err
 	}
-	i.Cache.minted(token, m, now)
+	i.Cache.minted(token, m, lineage, now)
 	return token, m.exp, nil
 }
 
@@ -264,7 +267,7 @@ func (i *Interceptor) MintOperator(subject string, role Role, now time.Time, ttl
 	if err != nil {
 		return "", "", time.Time{}, err
 	}
-	i.Cache.minted(token, m, now)
+	i.Cache.minted(token, m, "", now)
 	return token, m.principal.TokenID, m.exp, nil
 }
 
@@ -275,7 +278,7 @@ func (i *Interceptor) MintToolServer(name string, now time.Time, ttl time.Durati
 	if err != nil {
 		return "", "", time.Time{}, err
 	}
-	i.Cache.minted(token, m, now)
+	i.Cache.minted(token, m, "", now)
 	return token, m.principal.TokenID, m.exp, nil
 }
 

@@ -111,3 +111,39 @@ func TestAFullCacheTakesAGroupPastItsShareInPlaceOfItsOwnOldest(t *testing.T) {
 		t.Fatalf("after a removal the rogue lineage holds %d, want 3", n)
 	}
 }
+
+// TestRogue37BAGroupPastItsShareIsTrimmedBeforeOthersAreEvicted: a group
+// may fill the cache while it is not full (the share is applied when it
+// is), and then every token of another group arriving at a full cache
+// made room by dropping a quarter of the entries at random, others'
+// among them; the rogue filled the quarter again, and the next honest
+// arrival dropped another quarter. Room is now made from the groups past
+// their share first, their oldest going.
+func TestRogue37BAGroupPastItsShareIsTrimmedBeforeOthersAreEvicted(t *testing.T) {
+	c := New[int](64, 1, 8)
+	for i := range 8 {
+		c.Put(Digest(fmt.Sprint("honest", i)), fmt.Sprint("honest", i), fmt.Sprint("lineage", i), t0.Add(time.Hour), t0, i)
+	}
+	next := 0
+	for round := range 10 {
+		for c.Len() < 64 { // the rogue's children fill the cache
+			c.Put(Digest(fmt.Sprint("rogue", next)), fmt.Sprint("child", next), "rogue", t0.Add(time.Hour), t0, next)
+			next++
+		}
+		// An honest lineage's new agent.
+		c.Put(Digest(fmt.Sprint("new", round)), fmt.Sprint("new", round), fmt.Sprint("newlineage", round), t0.Add(time.Hour), t0, round)
+		if _, ok := c.Get(Digest(fmt.Sprint("rogue", next-1))); !ok {
+			t.Errorf("round %d: the rogue's newest entry went before its older ones", round)
+		}
+	}
+	for i := range 8 {
+		if _, ok := c.Get(Digest(fmt.Sprint("honest", i))); !ok {
+			t.Errorf("honest lineage %d's entry was evicted while a rogue group held more than its share", i)
+		}
+	}
+	for round := range 10 {
+		if _, ok := c.Get(Digest(fmt.Sprint("new", round))); !ok {
+			t.Errorf("round %d's honest arrival was evicted while a rogue group held more than its share", round)
+		}
+	}
+}
