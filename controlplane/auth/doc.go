@@ -45,7 +45,10 @@
 // reserve of its own per node: signal streams, and streams of other kinds).
 // The same two bound, counted apart, the calls the Gate admitted from their
 // headers whose bodies have not all arrived (each handler waits for its
-// body until the read timeout), a node BodyReserve more of its own.
+// body until the read timeout), a node BodyReserve more of its own; and,
+// counted apart again, the answers of admitted unary calls being written
+// (TakeAnswer: a client granting no window kept each until the write
+// timeout).
 //
 // Errors never contain the token: a failure is Unauthenticated (no, malformed,
 // expired or revoked credential) or PermissionDenied (valid caller, not

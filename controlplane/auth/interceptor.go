@@ -168,6 +168,8 @@ type Interceptor struct {
 	// caller's MaxStreams, and an agent's to its lineage's
 	// MaxLineageStreams, counted apart from streams; past the lineage's,
 	// each node still has BodyReserve of its own, taken first (awaitBody).
+	// The same bound, counted apart again, the answers of admitted unary
+	// calls being written (TakeAnswer).
 	BodyReserve int
 	// BodyBytesPerRequest prices a request's body by its size (0: not):
 	// one request of the caller's budget (charge, as the call itself is)
@@ -213,6 +215,7 @@ type Interceptor struct {
 	lineages  map[string]lineageStreams
 	reserved  map[string]nodeReserve // streams admitted from a node's reserves, by principal
 	bodies    bodies                 // requests admitted whose bodies have not all arrived
+	answers   bodies                 // admitted unary calls' answers being written (TakeAnswer)
 }
 
 // nodeReserve counts the streams a node holds from its own reserves, by
