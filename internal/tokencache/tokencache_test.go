@@ -147,3 +147,44 @@ func TestRogue37BAGroupPastItsShareIsTrimmedBeforeOthersAreEvicted(t *testing.T)
 		}
 	}
 }
+
+// TestRogue37BSetGroupMovesAnEntryIntoItsGroupsShare: an entry whose
+// group is learnt after it was kept (an agent's lineage, read from its
+// node once its token verified) counts in that group from then on, and
+// leaves the group it was kept in.
+func TestRogue37BSetGroupMovesAnEntryIntoItsGroupsShare(t *testing.T) {
+	c := New[int](8, 1, 2)
+	if c.SetGroup(Digest("none"), "g") {
+		t.Fatal("SetGroup moved an entry never kept")
+	}
+	for i := range 4 {
+		c.Put(Digest(fmt.Sprint("a", i)), fmt.Sprint("holder", i), "unplaced", t0.Add(time.Hour), t0, i)
+	}
+	for i := range 4 {
+		if !c.SetGroup(Digest(fmt.Sprint("a", i)), "rogue") {
+			t.Fatalf("SetGroup found no entry %d", i)
+		}
+	}
+	if c.InGroup("unplaced") != 0 || c.InGroup("rogue") != 4 {
+		t.Fatalf("after moving: %d unplaced, %d in the rogue's group; want 0 and 4", c.InGroup("unplaced"), c.InGroup("rogue"))
+	}
+	for i := range 4 {
+		c.Put(Digest(fmt.Sprint("h", i)), fmt.Sprint("honest", i), fmt.Sprint("lineage", i), t0.Add(time.Hour), t0, i)
+	}
+	// Full: another lineage's arrival trims the rogue's group to its
+	// share, which frees the quarter.
+	c.Put(Digest("new"), "new", "newlineage", t0.Add(time.Hour), t0, 9)
+	if n := c.InGroup("rogue"); n != 2 {
+		t.Errorf("the rogue's group holds %d at a full cache, want its share of 2", n)
+	}
+	for i := range 4 {
+		if _, ok := c.Get(Digest(fmt.Sprint("h", i))); !ok {
+			t.Errorf("honest entry %d evicted while the rogue's group held more than its share", i)
+		}
+	}
+	for i, kept := range []bool{false, false, true, true} {
+		if _, ok := c.Get(Digest(fmt.Sprint("a", i))); ok != kept {
+			t.Errorf("the rogue's entry %d kept: %v, want %v (its oldest go first)", i, ok, kept)
+		}
+	}
+}
