@@ -152,7 +152,7 @@ func (a *agentService) RegisterRoot(ctx context.Context, req *connect.Request[te
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	cred, exp, err := a.s.authn.MintAgent(node.NodeID, a.s.cfg.Clock.Now(), a.s.cfg.AgentCredentialTTL)
+	cred, exp, err := a.s.authn.MintAgent(node.NodeID, lineageOf(node), a.s.cfg.Clock.Now(), a.s.cfg.AgentCredentialTTL)
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -172,7 +172,7 @@ func (a *agentService) Spawn(ctx context.Context, req *connect.Request[tetherv1.
 	// signing during the commit made a lone caller's spawns slower on a
 	// loaded machine (its wake-ups competed with the committer's), and
 	// with many callers the CPU, not the wait, is the bound.
-	cred, exp, err := a.s.authn.MintAgent(node.NodeID, a.s.cfg.Clock.Now(), a.s.cfg.AgentCredentialTTL)
+	cred, exp, err := a.s.authn.MintAgent(node.NodeID, lineageOf(node), a.s.cfg.Clock.Now(), a.s.cfg.AgentCredentialTTL)
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -238,7 +238,7 @@ func (a *agentService) SpawnBatch(ctx context.Context, req *connect.Request[teth
 		wg.Go(func() {
 			for i := int(next.Add(1) - 1); i < len(nodes); i = int(next.Add(1) - 1) {
 				c := &creds[i]
-				c.token, c.expires, c.err = a.s.authn.MintAgent(nodes[i].NodeID, now, a.s.cfg.AgentCredentialTTL)
+				c.token, c.expires, c.err = a.s.authn.MintAgent(nodes[i].NodeID, lineageOf(nodes[i]), now, a.s.cfg.AgentCredentialTTL)
 			}
 		})
 	}

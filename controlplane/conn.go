@@ -90,7 +90,8 @@ type ConnLimits struct {
 	OperatorReserve int
 	// MaxStreamsPerCaller bounds the streams one principal holds open at
 	// once, over every connection; and, counted apart, its calls admitted
-	// from their headers whose bodies have not all arrived.
+	// from their headers whose bodies have not all arrived, and its unary
+	// calls' answers being written (answersBounded).
 	MaxStreamsPerCaller int
 	// MaxStreamsPerLineage bounds the streams an agent's lineage (its root
 	// and every descendant together) holds open at once, over every
@@ -100,7 +101,8 @@ type ConnLimits struct {
 	// may hold, beside its nodes' reserves — and at least
 	// MaxStreamsPerCaller. It bounds too, counted apart, the lineage's
 	// calls admitted from their headers whose bodies have not all arrived,
-	// each node BodyReserve more of its own.
+	// and its unary calls' answers being written, each node BodyReserve
+	// more of each of its own.
 	MaxStreamsPerLineage int
 	// fileLimited is the MaxConnections asked for, when the open-file
 	// limit lowered it (fitFileLimit); New logs it.
@@ -1045,6 +1047,13 @@ func (s *Server) ClosingConnections() int {
 // on this server now.
 func (s *Server) OpenStreams(principal string) int { return s.authn.OpenStreams(principal) }
 
+// UnreadAnswers is how many answers of principal's (e.g. "agent:n_…")
+// admitted unary calls are being written on this server, and how many of
+// its lineage's share (answersBounded).
+func (s *Server) UnreadAnswers(principal, lineage string) (int, int) {
+	return s.authn.UnreadAnswers(principal, lineage)
+}
+
 // AwaitedBodies is how many calls of principal (e.g. "agent:n_…") were
 // admitted from their headers and wait for their bodies on this server
 // now, and how many of lineage's share (its root's node id) do.
@@ -1235,6 +1244,99 @@ func admittedRequests(next http.Handler) http.Handler {
 		next.ServeHTTP(w, r)
 	})
 }
+
+// answersBounded sits behind admittedRequests: the answer of an admitted
+// unary call takes a slot of its caller's (auth.Interceptor.TakeAnswer)
+// when it begins to be written, given back once it is written (HTTP/2:
+// flushed) or its stream is reset. A client that grants no
+// flow-control window kept each answer waiting until --write-timeout,
+// its handler's goroutine and its answer held, bounded per connection
+// only (--max-streams-per-conn): 400 answers on four connections of one
+// agent held 400 goroutines (rogue37b test). An answer past its caller's
+// slots has its stream reset instead of being written (the call was done,
+// and charged). Streams are bounded as streams; a request that was not
+// admitted, by PreAuthRequests.
+func answersBounded(take func(p auth.Principal, procedure string) (func(), error), next http.Handler) http.Handler {
+	streaming := streamingProcedures()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p, admitted := auth.FromContext(r.Context())
+		if !admitted || streaming[r.URL.Path] {
+			next.ServeHTTP(w, r)
+			return
+		}
+		aw := &answerWriter{ResponseWriter: w, take: func() (func(), error) { return take(p, r.URL.Path) }}
+		next.ServeHTTP(aw, r)
+		if aw.release == nil {
+			return
+		}
+		defer aw.release()
+		if r.ProtoMajor == 2 {
+			// Written here, while the slot is held: HTTP/2 writes what is
+			// left of an answer after its handler returns (and ends its
+			// request's context first), so the wait for the window would
+			// come after the slot was given back. It costs the stream an
+			// empty DATA frame to end it. (HTTP/1.1 carries one request at
+			// a time, its answer's write bounded by its connection's.)
+			_ = http.NewResponseController(w).Flush()
+		}
+	})
+}
+
+// errAnswerCut is what a write gets once its answer was refused a slot
+// (answersBounded).
+var errAnswerCut = errors.New("controlplane: the answer was not written: its caller has too many answers being written that its client has not taken")
+
+// answerWriter takes its answer's slot at its first write (answersBounded).
+type answerWriter struct {
+	http.ResponseWriter
+	take    func() (func(), error)
+	began   bool
+	cut     bool
+	release func()
+}
+
+// begin takes the slot once; false: the answer may not be written, and
+// its stream is reset.
+func (w *answerWriter) begin() bool {
+	if !w.began {
+		w.began = true
+		release, err := w.take()
+		if err != nil {
+			w.cut = true
+			// A deadline in the past: HTTP/2 resets the stream at once;
+			// HTTP/1.1 fails its connection's write.
+			_ = http.NewResponseController(w.ResponseWriter).SetWriteDeadline(time.Unix(1, 0))
+		}
+		w.release = release
+	}
+	return !w.cut
+}
+
+func (w *answerWriter) WriteHeader(code int) {
+	if w.begin() {
+		w.ResponseWriter.WriteHeader(code)
+	}
+}
+
+func (w *answerWriter) Write(p []byte) (int, error) {
+	if !w.begin() {
+		return 0, errAnswerCut
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Flush is http.Flusher.
+func (w *answerWriter) Flush() { _ = w.FlushError() }
+
+func (w *answerWriter) FlushError() error {
+	if !w.begin() {
+		return errAnswerCut
+	}
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Unwrap lets an http.ResponseController reach the stream.
+func (w *answerWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // consolePage reports whether r asks for a page of the operator console:
 // the browser's session (a cookie) is checked by the console, whose calls

@@ -551,15 +551,16 @@ func (s *Server) buildHandler() error {
 	// Outermost first: the request's goroutine gets its stack at once;
 	// every request gets its deadlines; a health-only connection answers
 	// only /healthz; RPCs are authenticated from their headers before
-	// their body is read; an admitted request's body is bounded by the
-	// message limit; an admitted stream loses its deadlines.
+	// their body is read; an admitted unary call's answer takes a slot of
+	// its caller's while it is written; an admitted request's body is
+	// bounded by the message limit; an admitted stream loses its deadlines.
 	//
 	// Run's http.Server sets the deadlines itself (ReadTimeout and
 	// WriteTimeout: on HTTP/2, per stream, when the serving goroutine opens
 	// it), so what it serves skips withDeadlines, whose two
 	// ResponseController calls are two messages to that goroutine per
 	// request; Handler, for any other server, keeps them.
-	inner := preAuthBounded(authn.Guards, healthOnly(s.cfg.Conn.MaxConnections, authn.Gate(admittedRequests(boundBodies(s.cfg.MaxRequestBytes, streamsUnbounded(s.cfg.Conn.WriteTimeout, mux))))))
+	inner := preAuthBounded(authn.Guards, healthOnly(s.cfg.Conn.MaxConnections, authn.Gate(admittedRequests(answersBounded(authn.TakeAnswer, boundBodies(s.cfg.MaxRequestBytes, streamsUnbounded(s.cfg.Conn.WriteTimeout, mux)))))))
 	s.served = withStack(inner)
 	s.handler = withStack(withDeadlines(s.cfg.Conn, inner))
 	return nil
@@ -779,5 +780,7 @@ const (
 // handler waits for its body until --read-timeout, and a member of the
 // lineage holding the share with bodies it never sends cannot keep a
 // sibling's calls from being served. A rogue's children each bring four,
-// and each was a spawn its lineage paid for.
+// and each was a spawn its lineage paid for. It is, too, how many answers
+// of its admitted unary calls being written each node may have beyond its
+// lineage's share of those (answersBounded), counted apart again.
 const BodyReserve = 4

@@ -10,8 +10,10 @@ import (
 )
 
 // bodies counts the admitted requests whose bodies have not all arrived
-// (awaitBody): by principal, by lineage (those against MaxLineageStreams)
-// and, by principal, those held from a node's BodyReserve.
+// (awaitBody), and answers the admitted unary calls' answers being
+// written (TakeAnswer): by principal, by lineage (those against
+// MaxLineageStreams) and, by principal, those held from a node's
+// BodyReserve.
 type bodies struct {
 	mu       sync.Mutex
 	caller   map[string]int
@@ -32,8 +34,30 @@ type bodies struct {
 // holds a stream slot instead; a tool server's Evidence and Relayed calls
 // are not bounded so (they are not priced either).
 func (i *Interceptor) awaitBody(p Principal, r *http.Request) (release func(), err error) {
-	if r.Body == nil || r.Body == http.NoBody || i.MessagesCharged[r.URL.Path] ||
-		(p.Kind == KindToolServer && (i.Evidence[r.URL.Path] || i.Relayed[r.URL.Path])) {
+	if r.Body == nil || r.Body == http.NoBody || i.MessagesCharged[r.URL.Path] {
+		return nil, nil
+	}
+	return i.bodies.take(i, p, r.URL.Path, "calls whose request bodies have not all arrived", "send their bodies first")
+}
+
+// TakeAnswer takes, for an admitted unary call whose answer is about to
+// be written, a slot of its caller's until the answer's stream ends
+// (release): as awaitBody's, counted apart. A client that grants no
+// flow-control window (HTTP/2) kept each answer waiting until the write
+// timeout, its handler's goroutine, its answer and its stream held, on
+// as many connections as its lineage may hold: a unary answer never read
+// was bounded per connection only (rogue37b test). An error: the caller
+// has too many answers being written; the answer is not to be written
+// (its stream is reset). A tool server's Evidence and Relayed calls are
+// not bounded so.
+func (i *Interceptor) TakeAnswer(p Principal, procedure string) (release func(), err error) {
+	return i.answers.take(i, p, procedure, "answers being written that its client has not taken", "read their answers first")
+}
+
+// take takes a slot of b for p's call of procedure (see awaitBody); what
+// names what b counts and fix what the caller should do, in a refusal.
+func (b *bodies) take(i *Interceptor, p Principal, procedure, what, fix string) (release func(), err error) {
+	if p.Kind == KindToolServer && (i.Evidence[procedure] || i.Relayed[procedure]) {
 		return nil, nil
 	}
 	lineage := ""
@@ -44,17 +68,16 @@ func (i *Interceptor) awaitBody(p Principal, r *http.Request) (release func(), e
 		return nil, nil
 	}
 	key := p.ID()
-	b := &i.bodies
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if i.MaxStreams > 0 && b.caller[key] >= i.MaxStreams {
-		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("auth: %s already has %d calls whose request bodies have not all arrived, the limit per caller (tether serve --max-streams-per-caller); send their bodies first", key, i.MaxStreams))
+		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("auth: %s already has %d %s, the limit per caller (tether serve --max-streams-per-caller); %s", key, i.MaxStreams, what, fix))
 	}
 	reserved := false
 	if lineage != "" {
 		reserved = b.reserved[key] < i.BodyReserve
 		if !reserved && b.lineage[lineage] >= i.MaxLineageStreams {
-			return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("auth: lineage %s (%s shares it with its root and every descendant) already has %d calls whose request bodies have not all arrived, the limit per lineage (tether serve --max-streams-per-lineage), and %s its own %d beside them; send their bodies first", lineage, key, i.MaxLineageStreams, key, i.BodyReserve))
+			return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("auth: lineage %s (%s shares it with its root and every descendant) already has %d %s, the limit per lineage (tether serve --max-streams-per-lineage), and %s its own %d beside them; %s", lineage, key, i.MaxLineageStreams, what, key, i.BodyReserve, fix))
 		}
 	}
 	if b.caller == nil {
@@ -115,4 +138,13 @@ func (i *Interceptor) AwaitedBodies(principal, lineage string) (int, int) {
 	i.bodies.mu.Lock()
 	defer i.bodies.mu.Unlock()
 	return i.bodies.caller[principal], i.bodies.lineage[lineage]
+}
+
+// UnreadAnswers returns how many answers of principal's admitted unary
+// calls are being written (TakeAnswer), and how many of its lineage's
+// share (lineage: its root's node id; "" for none).
+func (i *Interceptor) UnreadAnswers(principal, lineage string) (int, int) {
+	i.answers.mu.Lock()
+	defer i.answers.mu.Unlock()
+	return i.answers.caller[principal], i.answers.lineage[lineage]
 }

@@ -38,8 +38,17 @@ import (
 // Entries are keyed by the token's SHA-256 (the cache holds no credential)
 // and bounded by Max; when full, expired entries go first, then arbitrary
 // ones. One principal holds at most MaxCachedTokensPerPrincipal of them,
-// so a caller minting itself fresh credentials cannot push others' out. Only tokens that verified are cached, so a flood of bad tokens
-// cannot fill it. The zero value is not usable: use NewTokenCache.
+// so a caller minting itself fresh credentials cannot push others' out,
+// and an agent lineage (a root and its descendants) its share, an eighth
+// of Max: a full cache takes a lineage's token past its share in place of
+// its lineage's oldest, and makes room from the lineages past their share
+// first (internal/tokencache), so a rogue spawning thousands of children,
+// each credential minted and remembered, cannot push other lineages' out
+// (rogue37b test). A verified agent token is kept with the agents whose
+// lineage is not yet known (that group has a share too) until its node is
+// read (setLineage); a minted one, in its lineage at once. Only tokens
+// that verified are cached, so a flood of bad tokens cannot fill it. The
+// zero value is not usable: use NewTokenCache.
 type TokenCache struct {
 	mu      sync.Mutex
 	entries *tokencache.Cache[cachedToken] // held by principal (ID)
@@ -66,12 +75,32 @@ const DefaultTokenCacheSize = 16384
 // again. An honest caller holds one credential, two across a refresh.
 const MaxCachedTokensPerPrincipal = 4
 
-// NewTokenCache returns a cache of at most max tokens (0: the default).
-func NewTokenCache(max int) *TokenCache {
-	if max <= 0 {
-		max = DefaultTokenCacheSize
+// NewTokenCache returns a cache of at most size tokens (0: the default),
+// a lineage's share an eighth of them.
+func NewTokenCache(size int) *TokenCache {
+	if size <= 0 {
+		size = DefaultTokenCacheSize
 	}
-	return &TokenCache{entries: tokencache.New[cachedToken](max, MaxCachedTokensPerPrincipal, 0)}
+	return &TokenCache{entries: tokencache.New[cachedToken](size, MaxCachedTokensPerPrincipal, max(size/8, 1))}
+}
+
+// unplacedAgents is the cache group of the agent tokens that verified and
+// whose lineage is not yet known; lineageGroup, a lineage's.
+const unplacedAgents = "agents of unknown lineage"
+
+func lineageGroup(lineage string) string { return "lineage:" + lineage }
+
+// groupOf is the cache group of p's token: its lineage's for an agent
+// (those of unknown lineage together), none for other callers.
+func groupOf(p Principal, lineage string) string {
+	switch {
+	case p.Kind != KindAgent:
+		return ""
+	case lineage != "":
+		return lineageGroup(lineage)
+	default:
+		return unplacedAgents
+	}
 }
 
 // TokenCacheStats counts cache lookups.
@@ -141,6 +170,9 @@ func (c *TokenCache) setLineage(token, lineage string) {
 	if e, ok := c.entries.Get(sum); ok && e.principal.Kind == KindAgent {
 		e.principal.Lineage = lineage
 		c.entries.Update(sum, e)
+		if lineage != "" {
+			c.entries.SetGroup(sum, lineageGroup(lineage))
+		}
 	}
 }
 
@@ -175,7 +207,7 @@ func (c *TokenCache) verify(issuer Issuer, token string, now time.Time) (Princip
 		c.entries.Remove(sum)
 		return Principal{}, err
 	}
-	c.remember(sum, p, by, now)
+	c.remember(sum, p, by, p.Lineage, now)
 	return p, nil
 }
 
@@ -185,20 +217,23 @@ func (c *TokenCache) verify(issuer Issuer, token string, now time.Time) (Princip
 // address's budget for requests without a valid credential (a child's
 // first call on a connection of its own, with its address's budget spent
 // by a rogue behind the same NAT, was refused; rogue33b test).
-func (c *TokenCache) minted(token string, m mintedToken, now time.Time) {
+//
+// lineage is an agent's ("" for other callers, or not known): its token
+// is kept in its lineage's share at once.
+func (c *TokenCache) minted(token string, m mintedToken, lineage string, now time.Time) {
 	if c == nil || token == "" || len(token) > MaxTokenBytes {
 		return
 	}
 	sum := tokencache.Digest(token)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.remember(sum, m.principal, m.by, now)
+	c.remember(sum, m.principal, m.by, lineage, now)
 }
 
-// remember caches a token that verified (or was minted) at now as p's.
-// c.mu is held.
-func (c *TokenCache) remember(sum tokencache.Sum, p Principal, by verifiedBy, now time.Time) {
-	c.entries.Put(sum, p.ID(), "", p.ExpiresAt.Add(Leeway), now, cachedToken{principal: p, by: by, verifiedAt: now})
+// remember caches a token that verified (or was minted) at now as p's,
+// in lineage's share for an agent's. c.mu is held.
+func (c *TokenCache) remember(sum tokencache.Sum, p Principal, by verifiedBy, lineage string, now time.Time) {
+	c.entries.Put(sum, p.ID(), groupOf(p, lineage), p.ExpiresAt.Add(Leeway), now, cachedToken{principal: p, by: by, verifiedAt: now})
 }
 
 // stillValid: what the verification proved still holds at now.

@@ -25,7 +25,10 @@
 // fresh credential's first call does not pay its address's budget below);
 // expiry, the key's presence in the ring, the
 // token's revocation, the agent's node, the policy and the rate limit are
-// still checked on every call.
+// still checked on every call. It holds at most four tokens of one
+// principal and an eighth of its entries of one agent lineage, so that
+// neither an agent minting itself credentials nor a lineage spawning
+// thousands of children pushes other callers' tokens out.
 //
 // Rate limits (RateLimiter) are token buckets per budget: an agent spends
 // from its lineage's (its root and every descendant share one), an
@@ -42,7 +45,10 @@
 // reserve of its own per node: signal streams, and streams of other kinds).
 // The same two bound, counted apart, the calls the Gate admitted from their
 // headers whose bodies have not all arrived (each handler waits for its
-// body until the read timeout), a node BodyReserve more of its own.
+// body until the read timeout), a node BodyReserve more of its own; and,
+// counted apart again, the answers of admitted unary calls being written
+// (TakeAnswer: a client granting no window kept each until the write
+// timeout).
 //
 // Errors never contain the token: a failure is Unauthenticated (no, malformed,
 // expired or revoked credential) or PermissionDenied (valid caller, not

@@ -168,6 +168,8 @@ type Interceptor struct {
 	// caller's MaxStreams, and an agent's to its lineage's
 	// MaxLineageStreams, counted apart from streams; past the lineage's,
 	// each node still has BodyReserve of its own, taken first (awaitBody).
+	// The same bound, counted apart again, the answers of admitted unary
+	// calls being written (TakeAnswer).
 	BodyReserve int
 	// BodyBytesPerRequest prices a request's body by its size (0: not):
 	// one request of the caller's budget (charge, as the call itself is)
@@ -213,6 +215,7 @@ type Interceptor struct {
 	lineages  map[string]lineageStreams
 	reserved  map[string]nodeReserve // streams admitted from a node's reserves, by principal
 	bodies    bodies                 // requests admitted whose bodies have not all arrived
+	answers   bodies                 // admitted unary calls' answers being written (TakeAnswer)
 }
 
 // nodeReserve counts the streams a node holds from its own reserves, by
@@ -248,13 +251,16 @@ func (i *Interceptor) Authenticate(ctx context.Context, procedure string, header
 // a connection of its own (a spawned child's, a new root's), is not paid
 // from its address's budget for requests without a valid credential: a
 // rogue behind the same address (a NAT) that kept that budget spent with
-// forged tokens kept every child spawned there from starting.
-func (i *Interceptor) MintAgent(nodeID string, now time.Time, ttl time.Duration) (token string, exp time.Time, err error) {
+// forged tokens kept every child spawned there from starting. lineage is
+// the node's (the root of its tree): the token is kept in its lineage's
+// share of the cache (TokenCache), so that a lineage spawning thousands of
+// children does not push other lineages' tokens out.
+func (i *Interceptor) MintAgent(nodeID, lineage string, now time.Time, ttl time.Duration) (token string, exp time.Time, err error) {
 	token, m, err := i.Issuer.minted(AudienceAgent, nodeID, "", now, ttl)
 	if err != nil {
 		return "", time.Time{}, err
 	}
-	i.Cache.minted(token, m, now)
+	i.Cache.minted(token, m, lineage, now)
 	return token, m.exp, nil
 }
 
@@ -264,7 +270,7 @@ func (i *Interceptor) MintOperator(subject string, role Role, now time.Time, ttl
 	if err != nil {
 		return "", "", time.Time{}, err
 	}
-	i.Cache.minted(token, m, now)
+	i.Cache.minted(token, m, "", now)
 	return token, m.principal.TokenID, m.exp, nil
 }
 
@@ -275,7 +281,7 @@ func (i *Interceptor) MintToolServer(name string, now time.Time, ttl time.Durati
 	if err != nil {
 		return "", "", time.Time{}, err
 	}
-	i.Cache.minted(token, m, now)
+	i.Cache.minted(token, m, "", now)
 	return token, m.principal.TokenID, m.exp, nil
 }
 

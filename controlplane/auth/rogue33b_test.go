@@ -16,7 +16,7 @@ func TestRogue33BAMintedTokenIsRememberedAsAVerificationWouldFindIt(t *testing.T
 	fx := newCacheFixture(t)
 	now := fuzzT0.Add(time.Minute)
 	i := &Interceptor{Issuer: fx.issuer, Now: func() time.Time { return now }, Cache: NewTokenCache(0)}
-	agent, _, err := i.MintAgent("n_child", now, time.Hour)
+	agent, _, err := i.MintAgent("n_child", "n_root", now, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -111,3 +111,80 @@ func TestAFullCacheTakesAGroupPastItsShareInPlaceOfItsOwnOldest(t *testing.T) {
 		t.Fatalf("after a removal the rogue lineage holds %d, want 3", n)
 	}
 }
+
+// TestRogue37BAGroupPastItsShareIsTrimmedBeforeOthersAreEvicted: a group
+// may fill the cache while it is not full (the share is applied when it
+// is), and then every token of another group arriving at a full cache
+// made room by dropping a quarter of the entries at random, others'
+// among them; the rogue filled the quarter again, and the next honest
+// arrival dropped another quarter. Room is now made from the groups past
+// their share first, their oldest going.
+func TestRogue37BAGroupPastItsShareIsTrimmedBeforeOthersAreEvicted(t *testing.T) {
+	c := New[int](64, 1, 8)
+	for i := range 8 {
+		c.Put(Digest(fmt.Sprint("honest", i)), fmt.Sprint("honest", i), fmt.Sprint("lineage", i), t0.Add(time.Hour), t0, i)
+	}
+	next := 0
+	for round := range 10 {
+		for c.Len() < 64 { // the rogue's children fill the cache
+			c.Put(Digest(fmt.Sprint("rogue", next)), fmt.Sprint("child", next), "rogue", t0.Add(time.Hour), t0, next)
+			next++
+		}
+		// An honest lineage's new agent.
+		c.Put(Digest(fmt.Sprint("new", round)), fmt.Sprint("new", round), fmt.Sprint("newlineage", round), t0.Add(time.Hour), t0, round)
+		if _, ok := c.Get(Digest(fmt.Sprint("rogue", next-1))); !ok {
+			t.Errorf("round %d: the rogue's newest entry went before its older ones", round)
+		}
+	}
+	for i := range 8 {
+		if _, ok := c.Get(Digest(fmt.Sprint("honest", i))); !ok {
+			t.Errorf("honest lineage %d's entry was evicted while a rogue group held more than its share", i)
+		}
+	}
+	for round := range 10 {
+		if _, ok := c.Get(Digest(fmt.Sprint("new", round))); !ok {
+			t.Errorf("round %d's honest arrival was evicted while a rogue group held more than its share", round)
+		}
+	}
+}
+
+// TestRogue37BSetGroupMovesAnEntryIntoItsGroupsShare: an entry whose
+// group is learnt after it was kept (an agent's lineage, read from its
+// node once its token verified) counts in that group from then on, and
+// leaves the group it was kept in.
+func TestRogue37BSetGroupMovesAnEntryIntoItsGroupsShare(t *testing.T) {
+	c := New[int](8, 1, 2)
+	if c.SetGroup(Digest("none"), "g") {
+		t.Fatal("SetGroup moved an entry never kept")
+	}
+	for i := range 4 {
+		c.Put(Digest(fmt.Sprint("a", i)), fmt.Sprint("holder", i), "unplaced", t0.Add(time.Hour), t0, i)
+	}
+	for i := range 4 {
+		if !c.SetGroup(Digest(fmt.Sprint("a", i)), "rogue") {
+			t.Fatalf("SetGroup found no entry %d", i)
+		}
+	}
+	if c.InGroup("unplaced") != 0 || c.InGroup("rogue") != 4 {
+		t.Fatalf("after moving: %d unplaced, %d in the rogue's group; want 0 and 4", c.InGroup("unplaced"), c.InGroup("rogue"))
+	}
+	for i := range 4 {
+		c.Put(Digest(fmt.Sprint("h", i)), fmt.Sprint("honest", i), fmt.Sprint("lineage", i), t0.Add(time.Hour), t0, i)
+	}
+	// Full: another lineage's arrival trims the rogue's group to its
+	// share, which frees the quarter.
+	c.Put(Digest("new"), "new", "newlineage", t0.Add(time.Hour), t0, 9)
+	if n := c.InGroup("rogue"); n != 2 {
+		t.Errorf("the rogue's group holds %d at a full cache, want its share of 2", n)
+	}
+	for i := range 4 {
+		if _, ok := c.Get(Digest(fmt.Sprint("h", i))); !ok {
+			t.Errorf("honest entry %d evicted while the rogue's group held more than its share", i)
+		}
+	}
+	for i, kept := range []bool{false, false, true, true} {
+		if _, ok := c.Get(Digest(fmt.Sprint("a", i))); ok != kept {
+			t.Errorf("the rogue's entry %d kept: %v, want %v (its oldest go first)", i, ok, kept)
+		}
+	}
+}
