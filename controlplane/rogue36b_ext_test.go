@@ -38,19 +38,10 @@ func TestRogue36BAnAgentCannotHoldManyCallsWaitingForTheirBodies(t *testing.T) {
 		t.Skip("By design: -short skips the goroutine measurement; make test and CI run them.")
 	}
 	const share = 16
-	srv := testserver.Start(t, testserver.WithClock(clock.NewManual(epoch)), func(cfg *controlplane.Config) {
-		cfg.RateLimit, cfg.RateBurst = 1, 100000 // no refill, and plenty
-		cfg.Conn.MaxStreamsPerLineage = share
+	rig := newHeldCallsRig(t, share, func(cfg *controlplane.Config) {
 		cfg.Conn.ReadTimeout = time.Hour // the bodies are not cut short
 	})
-	admin := srv.AdminClients()
-	root := register(t, admin, "rogue")
-	rogueC := srv.Clients(root.Credential)
-	sibling := spawn(t, rogueC, root.Node.NodeId, "sibling")
-	siblingC := srv.Clients(sibling.Credential)
-	other := register(t, admin, "other")
-	otherC := srv.Clients(other.Credential)
-	addr := hostOf(t, srv.URL)
+	srv, root, rogueC, sibling, siblingC, otherC, addr := rig.srv, rig.root, rig.rogueC, rig.sibling, rig.siblingC, rig.otherC, rig.addr
 	// The sibling's signal watch, a stream whose request arrived whole,
 	// holds no call waiting for its body.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -282,4 +273,36 @@ func TestRogue36BAHeaderBlockThatNeverEndsIsClosedWithoutPings(t *testing.T) {
 			}
 		})
 	}
+}
+
+// heldCallsRig is the world of a rogue agent holding calls on its own
+// connections (rogue36b's bodies never sent, rogue37b's answers never
+// read): a server whose lineages share share streams of each kind, on a
+// manual clock, the rate budget unrefilled and plenty; the rogue (a root),
+// its sibling (a child of the rogue's), another lineage's root, their
+// clients, and the server's address.
+type heldCallsRig struct {
+	srv                      *testserver.Server
+	root                     *tetherv1.RegisterRootResponse
+	sibling                  *tetherv1.SpawnResponse
+	rogueC, siblingC, otherC *testserver.Clients
+	addr                     string
+}
+
+// newHeldCallsRig starts a heldCallsRig; configure sets the timeout the
+// test holds its calls against.
+func newHeldCallsRig(t *testing.T, share int, configure func(cfg *controlplane.Config)) heldCallsRig {
+	t.Helper()
+	srv := testserver.Start(t, testserver.WithClock(clock.NewManual(epoch)), func(cfg *controlplane.Config) {
+		cfg.RateLimit, cfg.RateBurst = 1, 100000 // no refill, and plenty
+		cfg.Conn.MaxStreamsPerLineage = share
+		configure(cfg)
+	})
+	admin := srv.AdminClients()
+	r := heldCallsRig{srv: srv, root: register(t, admin, "rogue"), addr: hostOf(t, srv.URL)}
+	r.rogueC = srv.Clients(r.root.Credential)
+	r.sibling = spawn(t, r.rogueC, r.root.Node.NodeId, "sibling")
+	r.siblingC = srv.Clients(r.sibling.Credential)
+	r.otherC = srv.Clients(register(t, admin, "other").Credential)
+	return r
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
-	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 
@@ -40,19 +39,10 @@ func TestRogue37BAnAgentCannotHoldManyUnreadAnswers(t *testing.T) {
 		t.Skip("By design: -short skips the goroutine measurement; make test and CI run them.")
 	}
 	const share = 16
-	srv := testserver.Start(t, testserver.WithClock(clock.NewManual(epoch)), func(cfg *controlplane.Config) {
-		cfg.RateLimit, cfg.RateBurst = 1, 100000 // no refill, and plenty
-		cfg.Conn.MaxStreamsPerLineage = share
+	rig := newHeldCallsRig(t, share, func(cfg *controlplane.Config) {
 		cfg.Conn.WriteTimeout = time.Hour // the answers are not cut short
 	})
-	admin := srv.AdminClients()
-	root := register(t, admin, "rogue")
-	rogueC := srv.Clients(root.Credential)
-	sibling := spawn(t, rogueC, root.Node.NodeId, "sibling")
-	siblingC := srv.Clients(sibling.Credential)
-	other := register(t, admin, "other")
-	otherC := srv.Clients(other.Credential)
-	addr := hostOf(t, srv.URL)
+	srv, root, rogueC, sibling, siblingC, otherC, addr := rig.srv, rig.root, rig.rogueC, rig.sibling, rig.siblingC, rig.otherC, rig.addr
 	body, err := proto.Marshal(&tetherv1.GetNodeRequest{NodeId: root.Node.NodeId})
 	if err != nil {
 		t.Fatal(err)
