@@ -45,8 +45,17 @@ func TestMain(m *testing.M) {
 // its input and never exits on its own. Once its input pipe is full (the
 // gateway is blocked writing to it) it creates the file marker.
 func stopsReading(marker string) {
-	in := bufio.NewReader(os.Stdin)
-	send := func(m map[string]any) {
+	answerHandshake(bufio.NewReader(os.Stdin), "stops-reading", "put")
+	stayOnceInputFull(marker)
+}
+
+// answerHandshake is a hand-written stdio upstream's side of the
+// gateway's handshake: it answers initialize as the server name, the
+// listing with one tool, and any other request "method not found", until
+// the listing is answered. Its input ending exits the process (1). It
+// returns how to send a message.
+func answerHandshake(in *bufio.Reader, name, tool string) (send func(map[string]any)) {
+	send = func(m map[string]any) {
 		b, _ := json.Marshal(m)
 		_, _ = os.Stdout.Write(append(b, '\n'))
 	}
@@ -68,17 +77,21 @@ func stopsReading(marker string) {
 		switch m.Method {
 		case "initialize":
 			send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "result": map[string]any{"protocolVersion": m.Params.ProtocolVersion,
-				"capabilities": map[string]any{"tools": map[string]any{}}, "serverInfo": map[string]any{"name": "stops-reading", "version": "1"}}})
-			continue
+				"capabilities": map[string]any{"tools": map[string]any{}}, "serverInfo": map[string]any{"name": name, "version": "1"}}})
 		case "tools/list":
 			send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "result": map[string]any{"tools": []any{
-				map[string]any{"name": "put", "inputSchema": map[string]any{"type": "object"}}}}})
+				map[string]any{"name": tool, "inputSchema": map[string]any{"type": "object"}}}}})
+			return send
 		default:
 			send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "error": map[string]any{"code": -32601, "message": "method not found"}})
-			continue
 		}
-		break
 	}
+}
+
+// stayOnceInputFull reads nothing more from the process's input and
+// never exits; once its input pipe is full (the gateway is blocked
+// writing to it) it creates the file marker.
+func stayOnceInputFull(marker string) {
 	for {
 		var n int32
 		if _, _, e := syscall.Syscall(syscall.SYS_IOCTL, 0, syscall.TIOCINQ, uintptr(unsafe.Pointer(&n))); e == 0 && n >= 60<<10 {

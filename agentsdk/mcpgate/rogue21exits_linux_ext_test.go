@@ -5,7 +5,6 @@ package mcpgate_test
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"os"
 	"testing"
 	"time"
@@ -24,38 +23,8 @@ func exitsOnceListed(dir string) {
 		os.Exit(2)
 	}
 	_ = f.Close()
-	in := bufio.NewReader(os.Stdin)
-	send := func(m map[string]any) {
-		b, _ := json.Marshal(m)
-		_, _ = os.Stdout.Write(append(b, '\n'))
-	}
-	for {
-		line, err := in.ReadBytes('\n')
-		if err != nil {
-			os.Exit(1)
-		}
-		var m struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-			Params struct {
-				ProtocolVersion string `json:"protocolVersion"`
-			} `json:"params"`
-		}
-		if json.Unmarshal(line, &m) != nil || m.ID == nil {
-			continue
-		}
-		switch m.Method {
-		case "initialize":
-			send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "result": map[string]any{"protocolVersion": m.Params.ProtocolVersion,
-				"capabilities": map[string]any{"tools": map[string]any{}}, "serverInfo": map[string]any{"name": "exits", "version": "1"}}})
-		case "tools/list":
-			send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "result": map[string]any{"tools": []any{
-				map[string]any{"name": "tool", "inputSchema": map[string]any{"type": "object"}}}}})
-			os.Exit(0)
-		default:
-			send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "error": map[string]any{"code": -32601, "message": "method not found"}})
-		}
-	}
+	answerHandshake(bufio.NewReader(os.Stdin), "exits", "tool")
+	os.Exit(0)
 }
 
 // A rogue stdio upstream cannot have the gateway start it again and again

@@ -4,13 +4,9 @@ package mcpgate_test
 
 import (
 	"bufio"
-	"encoding/json"
 	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
-	"time"
-	"unsafe"
 
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
 	"github.com/tetherhq/tether/controlplane/testserver"
@@ -23,51 +19,13 @@ import (
 // more and never exits on its own. Once its input pipe is full (the
 // gateway is blocked writing an answer to it) it creates the file marker.
 func pingsAndStopsReading(marker string) {
-	in := bufio.NewReader(os.Stdin)
-	send := func(m map[string]any) {
-		b, _ := json.Marshal(m)
-		_, _ = os.Stdout.Write(append(b, '\n'))
-	}
-	for listed := false; !listed; {
-		line, err := in.ReadBytes('\n')
-		if err != nil {
-			os.Exit(1)
-		}
-		var m struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-			Params struct {
-				ProtocolVersion string `json:"protocolVersion"`
-			} `json:"params"`
-		}
-		if json.Unmarshal(line, &m) != nil || m.ID == nil {
-			continue
-		}
-		switch m.Method {
-		case "initialize":
-			send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "result": map[string]any{"protocolVersion": m.Params.ProtocolVersion,
-				"capabilities": map[string]any{"tools": map[string]any{}}, "serverInfo": map[string]any{"name": "pings", "version": "1"}}})
-		case "tools/list":
-			send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "result": map[string]any{"tools": []any{
-				map[string]any{"name": "put", "inputSchema": map[string]any{"type": "object"}}}}})
-			listed = true
-		default:
-			send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "error": map[string]any{"code": -32601, "message": "method not found"}})
-		}
-	}
+	send := answerHandshake(bufio.NewReader(os.Stdin), "pings", "put")
 	// Each answer is some 40 bytes: 4096 of them are more than a pipe
 	// holds (64 KiB).
 	for i := range 4096 {
 		send(map[string]any{"jsonrpc": "2.0", "id": 1_000_000 + i, "method": "ping"})
 	}
-	for {
-		var n int32
-		if _, _, e := syscall.Syscall(syscall.SYS_IOCTL, 0, syscall.TIOCINQ, uintptr(unsafe.Pointer(&n))); e == 0 && n >= 60<<10 {
-			_ = os.WriteFile(marker, nil, 0o600)
-			select {} // and stays
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	stayOnceInputFull(marker)
 }
 
 // A rogue stdio upstream cannot hold the gateway's Close by not reading
