@@ -376,24 +376,10 @@ func (ix *index) removeRule(ruleID string) {
 	delete(ix.selectors, ruleID)
 	if a.polled() {
 		ix.timed--
-		switch {
-		case a.rule.NodeID == "":
-			ix.timedSel--
-		case ix.timedAt[a.rule.NodeID] > 1:
-			ix.timedAt[a.rule.NodeID]--
-		default:
-			delete(ix.timedAt, a.rule.NodeID)
-		}
+		uncount(ix.timedAt, &ix.timedSel, a.rule.NodeID)
 	}
 	if a.compiled.UsesSubtree {
-		switch {
-		case a.rule.NodeID == "":
-			ix.subSel--
-		case ix.subAt[a.rule.NodeID] > 1:
-			ix.subAt[a.rule.NodeID]--
-		default:
-			delete(ix.subAt, a.rule.NodeID)
-		}
+		uncount(ix.subAt, &ix.subSel, a.rule.NodeID)
 	}
 	if list := ix.byNode[a.rule.NodeID]; len(list) > 0 {
 		out := list[:0:0]
@@ -403,6 +389,20 @@ func (ix *index) removeRule(ruleID string) {
 			}
 		}
 		ix.byNode[a.rule.NodeID] = out
+	}
+}
+
+// uncount takes a removed rule off a count by node (at) or, for a
+// selector rule (nodeID ""), off the selector rules' count (sel),
+// dropping a node's entry at zero.
+func uncount(at map[string]int, sel *int, nodeID string) {
+	switch {
+	case nodeID == "":
+		*sel--
+	case at[nodeID] > 1:
+		at[nodeID]--
+	default:
+		delete(at, nodeID)
 	}
 }
 
