@@ -16,7 +16,8 @@
 // thousands of children each present their tokens takes at most its
 // share before it pushes out only its own, and a group that filled the
 // cache while it was not full is trimmed to its share before another
-// group's entry goes.
+// group's entry goes. Every entry leaves its group's list at a constant
+// cost (amortised), however many entries its group holds.
 package tokencache
 
 import (
@@ -36,22 +37,48 @@ func Digest(token string) Sum { return sha256.Sum256([]byte(token)) }
 type Cache[V any] struct {
 	max, perHolder, groupShare int
 	entries                    map[Sum]entry[V]
-	// held lists each holder's entries, oldest first, at most perHolder;
-	// groups each group's.
-	held, groups map[string][]Sum
+	// held lists each holder's entries, oldest first, at most perHolder.
+	held map[string][]Sum
+	// groups lists each group's entries, oldest first. A group may hold
+	// most of the cache (a rogue lineage's thousands of children, filling
+	// it while it is not full), so an entry leaving its group is not looked
+	// for in the list: its item is left there, stale (its entry gone, or
+	// kept anew under another seq), skipped when the group's oldest is
+	// asked for, and dropped when the stale items outnumber the live ones.
+	// Each entry so leaves its group at a constant cost (amortised), where
+	// a walk of the list per entry cost the group's size squared when a
+	// full group was trimmed or expired (rogue37k test), under the lock
+	// every caller's authentication takes.
+	groups map[string]*groupList
+	seq    uint64 // the last entry's seq
+	// steps counts the list items looked at to keep the lists (tests).
+	steps int
 }
 
 type entry[V any] struct {
 	holder, group string
+	seq           uint64 // its place in its group's list
 	expires       time.Time
 	value         V
+}
+
+// groupList is a group's entries, oldest first, with stale items among
+// them (groups); live is how many are not.
+type groupList struct {
+	items []groupItem
+	live  int
+}
+
+type groupItem struct {
+	sum Sum
+	seq uint64
 }
 
 // New returns a cache of at most max entries, perHolder of one holder's;
 // a full cache takes a token of a group holding groupShare entries or more
 // in place of its group's oldest (0: no group share).
 func New[V any](max, perHolder, groupShare int) *Cache[V] {
-	return &Cache[V]{max: max, perHolder: perHolder, groupShare: groupShare, entries: make(map[Sum]entry[V]), held: make(map[string][]Sum), groups: make(map[string][]Sum)}
+	return &Cache[V]{max: max, perHolder: perHolder, groupShare: groupShare, entries: make(map[Sum]entry[V]), held: make(map[string][]Sum), groups: make(map[string]*groupList)}
 }
 
 // Len returns how many entries are kept.
@@ -83,17 +110,14 @@ func (c *Cache[V]) Put(sum Sum, holder, group string, expires, now time.Time, v 
 		c.Remove(held[0])
 	}
 	if len(c.entries) >= c.max {
-		if own := c.groups[group]; group != "" && c.groupShare > 0 && len(own) >= c.groupShare {
-			c.Remove(own[0])
+		if group != "" && c.groupShare > 0 && c.InGroup(group) >= c.groupShare {
+			c.Remove(c.oldest(group))
 		} else {
 			c.evict(now)
 		}
 	}
-	c.entries[sum] = entry[V]{holder: holder, group: group, expires: expires, value: v}
+	c.entries[sum] = entry[V]{holder: holder, group: group, seq: c.join(group, sum), expires: expires, value: v}
 	c.held[holder] = append(c.held[holder], sum)
-	if group != "" {
-		c.groups[group] = append(c.groups[group], sum)
-	}
 }
 
 // SetGroup moves the entry kept for sum to group, as its newest: the
@@ -107,14 +131,10 @@ func (c *Cache[V]) SetGroup(sum Sum, group string) bool {
 	if e.group == group {
 		return true
 	}
-	if e.group != "" {
-		unlist(c.groups, e.group, sum)
-	}
-	e.group = group
+	from := e.group
+	e.group, e.seq = group, c.join(group, sum)
 	c.entries[sum] = e
-	if group != "" {
-		c.groups[group] = append(c.groups[group], sum)
-	}
+	c.leave(from)
 	return true
 }
 
@@ -125,20 +145,68 @@ func (c *Cache[V]) Remove(sum Sum) {
 		return
 	}
 	delete(c.entries, sum)
-	unlist(c.held, e.holder, sum)
-	if e.group != "" {
-		unlist(c.groups, e.group, sum)
+	c.steps += len(c.held[e.holder]) // at most perHolder
+	list := slices.DeleteFunc(c.held[e.holder], func(s Sum) bool { return s == sum })
+	if len(list) == 0 {
+		delete(c.held, e.holder)
+	} else {
+		c.held[e.holder] = list
+	}
+	c.leave(e.group)
+}
+
+// join lists sum as group's newest ("": none) and returns its seq.
+func (c *Cache[V]) join(group string, sum Sum) uint64 {
+	c.seq++
+	if group == "" {
+		return c.seq
+	}
+	g := c.groups[group]
+	if g == nil {
+		g = &groupList{}
+		c.groups[group] = g
+	}
+	g.items = append(g.items, groupItem{sum: sum, seq: c.seq})
+	g.live++
+	return c.seq
+}
+
+// leave counts an entry out of group ("": none), its item left stale in
+// the list; the list is rid of its stale items once they outnumber the
+// live ones (or forgotten once none is live).
+func (c *Cache[V]) leave(group string) {
+	g := c.groups[group]
+	if g == nil {
+		return
+	}
+	if g.live--; g.live == 0 {
+		delete(c.groups, group)
+		return
+	}
+	if len(g.items) > 2*g.live+16 {
+		c.steps += len(g.items)
+		g.items = slices.DeleteFunc(g.items, func(it groupItem) bool { return !c.current(group, it) })
 	}
 }
 
-// unlist removes sum from m[k], and m[k] once empty.
-func unlist(m map[string][]Sum, k string, sum Sum) {
-	list := slices.DeleteFunc(m[k], func(s Sum) bool { return s == sum })
-	if len(list) == 0 {
-		delete(m, k)
-		return
+// current reports whether it is its entry's item in group's list.
+func (c *Cache[V]) current(group string, it groupItem) bool {
+	e, ok := c.entries[it.sum]
+	return ok && e.group == group && e.seq == it.seq
+}
+
+// oldest returns group's oldest entry (group holds one), dropping the
+// stale items before it.
+func (c *Cache[V]) oldest(group string) Sum {
+	g := c.groups[group]
+	for {
+		c.steps++
+		it := g.items[0]
+		if c.current(group, it) {
+			return it.sum
+		}
+		g.items = g.items[1:]
 	}
-	m[k] = list
 }
 
 // evict makes room: expired entries first, then the oldest of the groups
@@ -156,8 +224,8 @@ func (c *Cache[V]) evict(now time.Time) {
 	}
 	if c.groupShare > 0 {
 		for group := range c.groups {
-			for len(c.groups[group]) > c.groupShare && len(c.entries) > c.max*3/4 {
-				c.Remove(c.groups[group][0])
+			for c.InGroup(group) > c.groupShare && len(c.entries) > c.max*3/4 {
+				c.Remove(c.oldest(group))
 			}
 		}
 	}
@@ -173,4 +241,9 @@ func (c *Cache[V]) evict(now time.Time) {
 func (c *Cache[V]) Held(holder string) int { return len(c.held[holder]) }
 
 // InGroup returns how many entries group holds.
-func (c *Cache[V]) InGroup(group string) int { return len(c.groups[group]) }
+func (c *Cache[V]) InGroup(group string) int {
+	if g := c.groups[group]; g != nil {
+		return g.live
+	}
+	return 0
+}
