@@ -567,7 +567,7 @@ func printStaleCounts(out io.Writer, counts []*tetherv1.StaleCount) error {
 	if len(counts) == 0 {
 		return nil
 	}
-	fmt.Fprintln(out, "\nLate messages of former holders (each judged and answered; the first kept as rows above, the rest only counted):")
+	fmt.Fprintln(out, "\nLate messages of former holders, and of the holder after its generation ended (each judged and answered; the first kept as rows above, the rest only counted):")
 	tw := newTable(out)
 	fmt.Fprintln(tw, "FORMER HOLDER\tKEPT AS ROWS\tFOLDED INTO THE COUNT")
 	for _, c := range counts {

@@ -2444,7 +2444,8 @@ type EvidenceResponse struct {
 	// Set when more rows may follow: the page_token of the next page.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	// What each of the job's former holders (among its last eight) sent
-	// about it since it stopped holding it, on every page: its first
+	// about it since it stopped holding it, and its holder since its
+	// generation ended (EXPIRED or TERMINAL), on every page: its first
 	// messages are rows (kept), each later one that changed nothing was
 	// judged and answered like them but only counted (folded). An agent
 	// reads the counts of its own tree's former holders only.

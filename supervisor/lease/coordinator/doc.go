@@ -17,8 +17,8 @@
 //     the decision can be rebuilt — goes into the shard's building batch,
 //     whatever the outcome (the audit log keeps rejected messages) — but a
 //     former holder's message past its StaleRowsPerFormerHolder rows that
-//     changes nothing is counted in the job's record instead
-//     (stalefold.go);
+//     changes nothing, or the holder's once its generation ended, is
+//     counted in the job's record instead (stalefold.go);
 //  3. answer: only when that batch's commit returned.
 //
 // A shard does not wait for a commit before judging the next message: while

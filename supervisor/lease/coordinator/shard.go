@@ -79,7 +79,7 @@ type entry struct {
 	// costed the last batch whose bytes count the record's rewrite.
 	mark, costed uint64
 	// durableStale and pendingStale count the messages of the job's former
-	// holders (stalefold.go), as durable and as judged: they are only in
+	// holders, and of its holder once its generation ended (stalefold.go), as durable and as judged: they are only in
 	// the record, so staleMark, the last batch that changed them, rewrites
 	// it. A slice is never changed in place once set (a snapshot shares it).
 	durableStale, pendingStale []StaleCount
@@ -619,11 +619,11 @@ func (s *shard) judge(e *entry, job string, m lease.Message, now time.Time, done
 		s.leases[job] = e
 	}
 	fold := false
-	if holder, ok := formerHolder(current, m); ok {
+	if holder, ok := staleSender(current, m); ok {
 		e.pendingStale, fold = countStale(e.pendingStale, holder, current, next)
 		e.staleMark = b.seq
 	} else if len(e.pendingStale) > 0 {
-		if pruned, dropped := pruneStale(e.pendingStale, next.FormerHolders); dropped {
+		if pruned, dropped := pruneStale(e.pendingStale, next); dropped {
 			e.pendingStale = pruned
 			e.staleMark = b.seq
 		}

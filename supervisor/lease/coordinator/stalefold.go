@@ -16,9 +16,14 @@ import (
 // answered like the first (an explicit decision, the same outcome and
 // event), but changes nothing and is folded into its count on the job's
 // record (StaleTally) instead of adding a row: a former holder cannot
-// lengthen the evidence of a job it no longer holds without bound. A
-// message whose judgement changes the lease (the clock forced an expiry
-// as it was judged) is always a row; the current holder's never fold.
+// lengthen the evidence of a job it no longer holds without bound. The
+// holder of a generation that has ended (EXPIRED, or TERMINAL) is held to
+// the same while the job stays so: its messages after the end can change
+// nothing either, and the holder of a finished job kept every repeat as a
+// row for ever (thirty-seventh pass, rogue37j test). A message whose
+// judgement changes the lease (the clock forced an expiry as it was
+// judged, a cancel acknowledgement recorded after the holder's FAILED) is
+// always a row; a live generation's holder's never fold.
 const StaleRowsPerFormerHolder = 32
 
 // StaleCount is what one former holder sent about a job: Kept messages
@@ -32,7 +37,8 @@ type StaleCount struct {
 // StaleTally returns the job's former holders' counts as durable in the
 // store (every change to them is written with the decision that made it),
 // for the former holders that sent anything while among the job's last
-// lease.MaxFormerHolders holders.
+// lease.MaxFormerHolders holders, and the holder's once its generation
+// ended (while the job stays so).
 func (c *Coordinator) StaleTally(ctx context.Context, job string) ([]StaleCount, error) {
 	if jobKeyIsReserved(job) {
 		return nil, fmt.Errorf("%w: job %q", ErrNotFound, job)
@@ -67,30 +73,59 @@ func formerHolder(current lease.Lease, m lease.Message) (string, bool) {
 	return c.HolderIdentity, true
 }
 
-// pruneStale returns the counts of tally whose holder is still among
-// formers, and whether any was dropped (a holder the job passed eight
-// holders ago is a stranger again; one that holds the job again is no
-// former holder). tally is never changed (it may be a durable snapshot),
+// staleSender returns whose count a worker message m judged against
+// current goes to: a former holder's (formerHolder), or the current
+// holder's once its generation has ended (endedHolder).
+func staleSender(current lease.Lease, m lease.Message) (string, bool) {
+	if holder, ok := formerHolder(current, m); ok {
+		return holder, true
+	}
+	c, ok := lease.ClaimOf(m)
+	if !ok || c.HolderIdentity == "" || c.HolderIdentity != endedHolder(current) {
+		return "", false
+	}
+	return c.HolderIdentity, true
+}
+
+// endedHolder is the holder of l's generation when that generation has
+// ended (EXPIRED, or TERMINAL), and "" while it is offered or active.
+func endedHolder(l lease.Lease) string {
+	if l.State == lease.StateExpired || l.State == lease.StateTerminal {
+		return l.HolderIdentity
+	}
+	return ""
+}
+
+// pruneStale returns the counts of tally whose holder is still among l's
+// former holders or is the holder of its ended generation (endedHolder),
+// and whether any was dropped (a holder the job passed eight holders ago
+// is a stranger again; one that holds a live generation of the job again
+// starts afresh). tally is never changed (it may be a durable snapshot),
 // and is returned as it is when nothing was dropped.
-func pruneStale(tally []StaleCount, formers [lease.MaxFormerHolders]string) ([]StaleCount, bool) {
-	if !slices.ContainsFunc(tally, func(c StaleCount) bool { return !slices.Contains(formers[:], c.Holder) }) {
+func pruneStale(tally []StaleCount, l lease.Lease) ([]StaleCount, bool) {
+	ended := endedHolder(l)
+	counted := func(c StaleCount) bool {
+		return (ended != "" && c.Holder == ended) || slices.Contains(l.FormerHolders[:], c.Holder)
+	}
+	if !slices.ContainsFunc(tally, func(c StaleCount) bool { return !counted(c) }) {
 		return tally, false
 	}
 	var kept []StaleCount
 	for _, c := range tally {
-		if slices.Contains(formers[:], c.Holder) {
+		if counted(c) {
 			kept = append(kept, c)
 		}
 	}
 	return kept, len(kept) != len(tally)
 }
 
-// countStale counts a message of the former holder holder in the tally
-// (pruned to next's former holders), and reports whether it is folded:
+// countStale counts a message of holder, a former holder or the holder of
+// the ended generation (staleSender), in the tally (pruned as pruneStale
+// prunes it for next), and reports whether it is folded:
 // the holder already has StaleRowsPerFormerHolder rows and the judgement
 // changed nothing (next == current). It returns a new slice.
 func countStale(tally []StaleCount, holder string, current, next lease.Lease) ([]StaleCount, bool) {
-	tally, _ = pruneStale(tally, next.FormerHolders)
+	tally, _ = pruneStale(tally, next)
 	tally = slices.Clone(tally)
 	i := slices.IndexFunc(tally, func(c StaleCount) bool { return c.Holder == holder })
 	if i < 0 {
