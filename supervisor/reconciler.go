@@ -397,7 +397,7 @@ func (s *Supervisor) Reconcile(ctx context.Context, terminationID string) (time.
 				// those the held index lists, or else every member's.
 				kick := func() { s.Kick(t.ID) }
 				if t.HeldIndexed {
-					pending, err := store.Read(ctx, s.Store, func(tx store.ReadTxn) ([]privilege.Privilege, error) { return pendingHeld(tx, t, now) })
+					pending, err := store.Read(ctx, s.Store, func(tx store.ReadTxn) ([]privilege.Privilege, error) { return pendingHeld(tx, t) })
 					if err == nil {
 						err = s.Privileges.DispatchRead(ctx, pending, t.HookDeadline, kick)
 					}
@@ -553,7 +553,7 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 			}
 		}
 		if countHooks && t.HeldIndexed {
-			pending, err := pendingHeld(tx, t, now)
+			pending, err := pendingHeld(tx, t)
 			if err != nil {
 				return err
 			}
@@ -567,7 +567,7 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 			return err
 		}
 		if countHooks {
-			if p.HooksPending, err = privilege.PendingIn(tx, members, now); err != nil {
+			if p.HooksPending, err = privilege.PendingIn(tx, members); err != nil {
 				return err
 			}
 		}
@@ -707,11 +707,11 @@ func (t terminationPlace) rootIDs() []string {
 	return []string{t.NodeID}
 }
 
-// pendingHeld is the undecided, unexpired privileges of t's members, from
+// pendingHeld is the undecided privileges of t's members (privilege.Pending), from
 // the held index: the privileges its revocation listed, less those of nodes
 // another termination has taken over since (only the nodes of privileges
 // still pending are read).
-func pendingHeld(tx store.ReadTxn, t Termination, now time.Time) ([]privilege.Privilege, error) {
+func pendingHeld(tx store.ReadTxn, t Termination) ([]privilege.Privilege, error) {
 	items, err := readHeld(tx, t.ID, heldPrivilege, 0, -1)
 	if err != nil || len(items) == 0 {
 		return nil, err
@@ -727,7 +727,7 @@ func pendingHeld(tx store.ReadTxn, t Termination, now time.Time) ([]privilege.Pr
 	var pending []privilege.Privilege
 	var nodes []string
 	for _, p := range privs {
-		if privilege.Pending([]privilege.Privilege{p}, now) > 0 {
+		if privilege.Pending([]privilege.Privilege{p}) > 0 {
 			pending = append(pending, p)
 			nodes = append(nodes, p.NodeID)
 		}

@@ -10,9 +10,16 @@ import (
 
 // decideUnansweredPrivileges decides, inside the transaction that writes
 // a part of t's record, every privilege of privs (those of the chunk's
-// members) still undecided: expired if past its expiry, otherwise
-// revoke_failed (no answer by the deadline). A late answer never
-// overwrites it. It returns privs as they now stand.
+// members) still undecided: revoke_failed (no answer by the deadline). A
+// privilege that had expired when the revocation began was decided
+// expired then (privilege.Dispatch), so one still undecided was live when
+// its hook was called: its declared expiry, passed since, is its
+// registrant's word and does not make the hook's silence an expiry (until
+// the thirty-seventh pass a rogue that declared an expiry inside the hook
+// window, behind a hook that hung, read expired). Only a termination
+// that waits for no hook (no hook timeout) decides one past its expiry
+// expired, as the revocation would have. A late answer never overwrites
+// the decision. It returns privs as they now stand.
 func decideUnansweredPrivileges(tx store.Txn, t Termination, privs []privilege.Privilege, now time.Time) ([]privilege.Privilege, error) {
 	out := make([]privilege.Privilege, len(privs))
 	for i, p := range privs {
@@ -21,12 +28,15 @@ func decideUnansweredPrivileges(tx store.Txn, t Termination, privs []privilege.P
 			continue
 		}
 		p.DecidedAt = now
-		if !now.Before(p.ExpiresAt) {
+		switch {
+		case t.HookTimeout <= 0 && !now.Before(p.ExpiresAt):
 			p.Outcome = privilege.OutcomeExpired
-		} else {
+		case t.HookTimeout <= 0:
 			p.Outcome, p.Error = privilege.OutcomeRevokeFailed, "no answer within the termination's deadline"
-			if t.HookTimeout > 0 {
-				p.Error = fmt.Sprintf("no answer within the %s deadline", t.HookTimeout)
+		default:
+			p.Outcome, p.Error = privilege.OutcomeRevokeFailed, fmt.Sprintf("no answer within the %s deadline", t.HookTimeout)
+			if !now.Before(p.ExpiresAt) {
+				p.Error += fmt.Sprintf(" (its registrant declared it to expire at %s, after its revocation began)", p.ExpiresAt.UTC().Format(time.RFC3339))
 			}
 		}
 		if err := privilege.PutIn(tx, p); err != nil {

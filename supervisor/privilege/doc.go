@@ -3,7 +3,10 @@
 // and their revocation: an in-process revoker by kind, or a webhook per
 // privilege. A termination revokes its members' privileges (Dispatch) and
 // its record lists each outcome; the record's transaction decides, at the
-// deadline, those that never answered (revoke_failed).
+// deadline, those that never answered (revoke_failed). A privilege past its
+// declared expiry when its revocation begins is decided expired without a
+// call; one whose expiry passes while its hook is called is waited for to
+// the deadline like any other (Pending): the expiry is its registrant's word.
 //
 // Nothing the workload registers can hold a termination hostage: a revoke
 // webhook may only point at a destination the operator allowed

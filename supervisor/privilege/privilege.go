@@ -510,20 +510,26 @@ func (r *Privileges) putDecided(tx store.Txn, p Privilege) error {
 // decides, at the deadline, the privileges that never answered.
 func PutIn(tx store.Txn, p Privilege) error { return kv.PutJSON(tx, privilegeKey(p.ID), p) }
 
-// PendingIn counts the undecided, unexpired privileges of the nodes.
-func PendingIn(tx store.ReadTxn, nodeIDs []string, now time.Time) (int, error) {
+// PendingIn counts the undecided privileges of the nodes (Pending).
+func PendingIn(tx store.ReadTxn, nodeIDs []string) (int, error) {
 	privs, err := PrivilegesIn(tx, nodeIDs)
 	if err != nil {
 		return 0, err
 	}
-	return Pending(privs, now), nil
+	return Pending(privs), nil
 }
 
-// Pending counts the undecided, unexpired privileges of privs.
-func Pending(privs []Privilege, now time.Time) int {
+// Pending counts the undecided privileges of privs: a termination waits
+// for them up to its hook deadline. One that had expired when its
+// revocation began is decided expired then, without a call (Dispatch);
+// one whose expiry comes while its hook is being called is still waited
+// for: its expiry is its registrant's word, and the hook's silence the
+// control plane's own observation (until the thirty-seventh pass it
+// stopped counting at its expiry, and the record read it expired).
+func Pending(privs []Privilege) int {
 	n := 0
 	for _, p := range privs {
-		if p.Outcome == "" && now.Before(p.ExpiresAt) {
+		if p.Outcome == "" {
 			n++
 		}
 	}
