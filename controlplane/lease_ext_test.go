@@ -833,3 +833,19 @@ func processWithAckedJob(t *testing.T, dir string) (*testserver.Process, string,
 	l, _ := unary{proc.Clients(child.Msg.Credential)}.send(t, ack(offered.Msg.Lease))
 	return proc, child.Msg.Credential, l
 }
+
+// endSession opens a session of node's (c its clients), ends it, and
+// waits until its end is stored: the node has no session open and a
+// session end, the first step of an agent that claims its exit.
+func (w *leaseWorld) endSession(t *testing.T, c *testserver.Clients, node string) {
+	t.Helper()
+	sess, err := openSession(t, c, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess.close()
+	testserver.WaitFor(t, 10*time.Second, "the session's end of "+node, func() bool {
+		n := getNode(t, w.admin, node)
+		return len(n.OpenSessions) == 0 && n.SessionClosedAt != nil
+	})
+}

@@ -86,19 +86,11 @@ func TestRogue35AFencedSideEffectAfterAConfirmedExitIsRefusedAndCounted(t *testi
 func w1ExitsThenWritesThroughTheFence(t *testing.T, w *leaseWorld, fence *agentsdk.Fence, tool *testserver.Clients, toolName, job string, generation uint64) []string {
 	t.Helper()
 	ctx := context.Background()
-	sess, err := openSession(t, w.w1C, w.w1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sess.close()
-	testserver.WaitFor(t, 10*time.Second, "the rogue's session's end", func() bool {
-		n := getNode(t, w.admin, w.w1)
-		return len(n.OpenSessions) == 0 && n.SessionClosedAt != nil
-	})
+	w.endSession(t, w.w1C, w.w1)
 	if _, err := w.w1C.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: w.w1, Reason: "done, gone"})); err != nil {
 		t.Fatal(err)
 	}
-	err = fence.AdmitContext(ctx, job, generation)
+	err := fence.AdmitContext(ctx, job, generation)
 	if !errors.Is(err, agentsdk.ErrNoAuthority) || !strings.Contains(err.Error(), "exit") {
 		t.Fatalf("the rogue's side effect after its confirmed exit: %v, want ErrNoAuthority naming its exit", err)
 	}

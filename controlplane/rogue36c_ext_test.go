@@ -71,15 +71,7 @@ func readsDoNotFrameAnExitedHolder(t *testing.T, w *leaseWorld) {
 	wantDecision(t, "the honest holder's ack", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_ACKED)
 
 	// The honest holder ends its session, then claims its exit: confirmed.
-	sess, err := openSession(t, w.w2C, w.w2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sess.close()
-	testserver.WaitFor(t, 10*time.Second, "the honest holder's session's end", func() bool {
-		n := getNode(t, w.admin, w.w2)
-		return len(n.OpenSessions) == 0 && n.SessionClosedAt != nil
-	})
+	w.endSession(t, w.w2C, w.w2)
 	// Between its session's end and its claim the rogue reads the job
 	// naming its generation: the holder is not seen alive by it (before the
 	// fix it was, and its claim was not corroborated: no exit confirmed).

@@ -69,15 +69,7 @@ func TestRogue37CAStrangerCannotFrameAnExitedHolderThroughAGatedFence(t *testing
 	}
 
 	// The honest holder ends its session and claims its exit: confirmed.
-	sess, err := openSession(t, w.w2C, w.w2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sess.close()
-	testserver.WaitFor(t, 10*time.Second, "the honest holder's session's end", func() bool {
-		n := getNode(t, w.admin, w.w2)
-		return len(n.OpenSessions) == 0 && n.SessionClosedAt != nil
-	})
+	w.endSession(t, w.w2C, w.w2)
 	if _, err := w.w2C.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: w.w2, Reason: "done, gone"})); err != nil {
 		t.Fatal(err)
 	}
@@ -143,15 +135,7 @@ func TestRogue37CAFenceNamingTheHoldersOwnCallStillWeighsIt(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	sess, err := openSession(t, w.w2C, w.w2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sess.close()
-	testserver.WaitFor(t, 10*time.Second, "the holder's session's end", func() bool {
-		n := getNode(t, w.admin, w.w2)
-		return len(n.OpenSessions) == 0 && n.SessionClosedAt != nil
-	})
+	w.endSession(t, w.w2C, w.w2)
 	if _, err := w.w2C.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: w.w2, Reason: "gone"})); err != nil {
 		t.Fatal(err)
 	}

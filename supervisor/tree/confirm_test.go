@@ -17,13 +17,8 @@ import (
 // confirmation of its exit is refused ErrNodeRecorded and leaves the node
 // as it was; before, it is kept; a launcher's late attestation is kept.
 func TestAnAgentsWordAfterTheRecordIsRefused(t *testing.T) {
-	st, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
 	ctx := context.Background()
-	tr := &Tree{Store: st, Clock: clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)), Limits: DefaultLimits}
+	tr := newBadgerTree(t)
 	root, err := tr.RegisterRoot(ctx, "root", nil, "test")
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +34,7 @@ func TestAnAgentsWordAfterTheRecordIsRefused(t *testing.T) {
 	if _, err := tr.ConfirmExit(ctx, kids[0].NodeID, "agent:"+root.NodeID, ConfirmedByAncestor, "gone", nil); err != nil {
 		t.Fatalf("the ancestor's word before any record: %v", err)
 	}
-	if err := st.Update(ctx, func(tx store.Txn) error {
+	if err := tr.Store.Update(ctx, func(tx store.Txn) error {
 		n, err := GetNodeIn(tx, kids[1].NodeID)
 		if err != nil {
 			return err
@@ -63,4 +58,17 @@ func TestAnAgentsWordAfterTheRecordIsRefused(t *testing.T) {
 	if n, err = tr.ConfirmExit(ctx, kids[1].NodeID, "operator:launcher", ConfirmedByLauncher, "process gone", nil); err != nil || len(n.ExitConfirmations) != 1 {
 		t.Fatalf("the launcher's late attestation: %v, %+v", err, n)
 	}
+}
+
+// newBadgerTree is a Tree on a Badger store of its own in a temporary
+// directory (closed with the test), on a manual clock at 2026-01-01, with
+// the default limits.
+func newBadgerTree(t *testing.T) *Tree {
+	t.Helper()
+	st, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return &Tree{Store: st, Clock: clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)), Limits: DefaultLimits}
 }

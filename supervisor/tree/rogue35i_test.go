@@ -3,13 +3,9 @@ package tree
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"testing"
-	"time"
 
-	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/store"
-	"github.com/tetherhq/tether/internal/store/badgerstore"
 )
 
 // TestRogue35IListLevelReadsOneLevel: a page of a node's children reads
@@ -18,13 +14,8 @@ import (
 // IndexRoots writes once for the roots a version before it stored (more
 // than a chunk of them), each root once over the pages.
 func TestRogue35IListLevelReadsOneLevel(t *testing.T) {
-	st, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
 	ctx := context.Background()
-	tr := &Tree{Store: st, Clock: clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)), Limits: DefaultLimits}
+	tr := newBadgerTree(t)
 	const roots = rootsChunk + 40
 	var first *Node
 	for i := range roots {
@@ -84,7 +75,7 @@ func TestRogue35IListLevelReadsOneLevel(t *testing.T) {
 	}
 
 	// A data directory written before the roots' index.
-	if err := st.Update(ctx, func(tx store.Txn) error {
+	if err := tr.Store.Update(ctx, func(tx store.Txn) error {
 		var keys [][]byte
 		if err := tx.Scan([]byte(prefixRoot), nil, func(k, _ []byte) error { keys = append(keys, append([]byte(nil), k...)); return nil }); err != nil {
 			return err

@@ -3,12 +3,7 @@ package tree
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"testing"
-	"time"
-
-	"github.com/tetherhq/tether/internal/clock"
-	"github.com/tetherhq/tether/internal/store/badgerstore"
 )
 
 // TestRogue36DListReadsAtMostItsBound: a rogue's 300 children, none
@@ -17,13 +12,8 @@ import (
 // the last node it read as the next token; paged through, it finds the
 // node once and ends. Without a bound one call reads every node.
 func TestRogue36DListReadsAtMostItsBound(t *testing.T) {
-	st, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
 	ctx := context.Background()
-	tr := &Tree{Store: st, Clock: clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)), Limits: DefaultLimits}
+	tr := newBadgerTree(t)
 	root, err := tr.RegisterRoot(ctx, "planner", nil, "test")
 	if err != nil {
 		t.Fatal(err)

@@ -4,14 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/tetherhq/tether/internal/clock"
-	"github.com/tetherhq/tether/internal/store/badgerstore"
 )
 
 // TestRogue37DSubtreePagesWalkTheSubtreeOnceEach: a rogue's subtree of
@@ -23,13 +18,8 @@ import (
 // only the matches; a token outside the subtree is refused. Subtree (the
 // whole listing) lists the same nodes.
 func TestRogue37DSubtreePagesWalkTheSubtreeOnceEach(t *testing.T) {
-	st, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
 	ctx := context.Background()
-	tr := &Tree{Store: st, Clock: clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)), Limits: DefaultLimits}
+	tr := newBadgerTree(t)
 	root, err := tr.RegisterRoot(ctx, "planner", nil, "test")
 	if err != nil {
 		t.Fatal(err)
@@ -134,13 +124,8 @@ func TestRogue37DSubtreePagesWalkTheSubtreeOnceEach(t *testing.T) {
 // name now holds no id between its dots and hyphens; names that merely
 // begin like one stay allowed.
 func TestRogue37DANameCannotHoldAnotherNodesID(t *testing.T) {
-	st, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
 	ctx := context.Background()
-	tr := &Tree{Store: st, Clock: clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)), Limits: DefaultLimits}
+	tr := newBadgerTree(t)
 	planner, err := tr.RegisterRoot(ctx, "planner", nil, "test")
 	if err != nil {
 		t.Fatal(err)
