@@ -45,6 +45,18 @@ const maxChangedNodes = 1 << 12
 // etcd a change committed by another replica reaches this one's watch
 // after readers can see it, so there the node is read on every call
 // (newActiveNodes returns nil).
+//
+// A node that never had a session (tree.NeverSessioned) is weighed, at
+// each of its requests, against its ancestors' claims of exit
+// (tree.NoteAtWorkAfterClaims): what it answers depends on its ancestors
+// too. It is remembered once a request found nothing there to note, and
+// answered from memory only while none of its ancestors changed since it
+// was read: lookup reads unseen for the ancestors' keys as for the node's
+// own, and misses when the drain brought a change of one of them (a
+// parent's claim first of all) — so the very next request after a claim
+// is weighed again. Until the thirty-eighth pass such a node was never
+// remembered, and each request of a spawning parent or a tool caller
+// that never opened a session read its node and its ancestors.
 type activeNodes struct {
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -55,7 +67,11 @@ type activeNodes struct {
 	w       store.Watcher         // nil: disabled (the store closed)
 	unseen  func(key string) bool // a change of the node at key may be visible and not yet in w
 	lineage map[string]string
-	gen     uint64 // advanced with every batch of node changes drained
+	// unclaimed are the nodes that never had a session remembered, each
+	// answered only while none of its ancestors changed since it was read
+	// (their claims of exit are what its requests are weighed against).
+	unclaimed map[string]unclaimedNode
+	gen       uint64 // advanced with every batch of node changes drained
 	// changed is, for each node a drained change named, the generation
 	// that change brought; floor is the generation before which changed
 	// is forgotten (it is cleared when it grows past maxChangedNodes): a
@@ -73,7 +89,7 @@ func newActiveNodes(st store.Store) *activeNodes {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	a := &activeNodes{ctx: ctx, cancel: cancel, lineage: map[string]string{}, changed: map[string]uint64{},
+	a := &activeNodes{ctx: ctx, cancel: cancel, lineage: map[string]string{}, unclaimed: map[string]unclaimedNode{}, changed: map[string]uint64{},
 		watch: func(ctx context.Context) (store.Watcher, func(key string) bool, error) {
 			return b.WatchVisibleKeys(ctx, []byte(tree.NodePrefix))
 		}}
@@ -96,32 +112,84 @@ func (a *activeNodes) lookup(nodeID string) (lineage string, ok bool, gen uint64
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	// unseen before the drain: if it was false, every change of the node
-	// a reader could have seen by now is in the buffer, and drained next.
+	// (and, for one that never had a session, of its ancestors: their
+	// claims of exit first of all) a reader could have seen by now is in
+	// the buffer, and drained next.
 	unseen := a.w != nil && a.unseen(tree.NodePrefix+nodeID)
+	if u, ok := a.unclaimed[nodeID]; ok && !unseen && a.w != nil {
+		for _, key := range u.ancestorKeys {
+			if a.unseen(key) {
+				unseen = true
+				break
+			}
+		}
+	}
 	a.drainLocked()
 	if unseen {
 		return "", false, a.gen
 	}
-	lineage, ok = a.lineage[nodeID]
-	return lineage, ok, a.gen
+	if lineage, ok = a.lineage[nodeID]; ok {
+		return lineage, true, a.gen
+	}
+	u, ok := a.unclaimed[nodeID]
+	if !ok {
+		return "", false, a.gen
+	}
+	if u.gen < a.floor {
+		delete(a.unclaimed, nodeID)
+		return "", false, a.gen
+	}
+	for _, key := range u.ancestorKeys {
+		if a.changed[strings.TrimPrefix(key, tree.NodePrefix)] > u.gen {
+			delete(a.unclaimed, nodeID)
+			return "", false, a.gen
+		}
+	}
+	return u.lineage, true, a.gen
 }
 
-// remember records that nodeID, read after lookup returned gen, may act,
-// unless that node changed since.
-func (a *activeNodes) remember(nodeID, lineage string, gen uint64) {
+// unclaimedNode is a remembered node that never had a session: its
+// lineage, its ancestors' keys and the generation it was read after.
+type unclaimedNode struct {
+	lineage      string
+	ancestorKeys []string
+	gen          uint64
+}
+
+// remember records that n, read after lookup returned gen, may act,
+// unless that node changed since. A node that never had a session
+// (tree.NeverSessioned) is remembered only once its requests were
+// weighed against its ancestors' claims of exit with nothing left to
+// note (tree.NoteAtWorkAfterClaims), and unless one of its ancestors
+// changed since gen; it is answered from memory only while none of them
+// changes after (lookup), so the very next request after an ancestor's
+// claim is weighed again.
+func (a *activeNodes) remember(n *tree.Node, gen uint64) {
 	if a == nil {
 		return
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.drainLocked()
-	if a.w == nil || gen < a.floor || a.changed[nodeID] > gen {
+	if a.w == nil || gen < a.floor || a.changed[n.NodeID] > gen {
 		return
 	}
-	if len(a.lineage) >= maxActiveNodes {
+	if len(a.lineage)+len(a.unclaimed) >= maxActiveNodes {
 		clear(a.lineage)
+		clear(a.unclaimed)
 	}
-	a.lineage[nodeID] = lineage
+	if !tree.NeverSessioned(n) {
+		a.lineage[n.NodeID] = lineageOf(n)
+		return
+	}
+	keys := make([]string, len(n.Ancestors))
+	for i, id := range n.Ancestors {
+		if a.changed[id] > gen {
+			return
+		}
+		keys[i] = tree.NodePrefix + id
+	}
+	a.unclaimed[n.NodeID] = unclaimedNode{lineage: lineageOf(n), ancestorKeys: keys, gen: gen}
 }
 
 // drainLocked applies the node changes committed so far: it forgets every
@@ -146,6 +214,7 @@ func (a *activeNodes) drainLocked() {
 			for _, ev := range batch {
 				id := strings.TrimPrefix(string(ev.Key), tree.NodePrefix)
 				delete(a.lineage, id)
+				delete(a.unclaimed, id)
 				a.changed[id] = a.gen
 			}
 		default:
@@ -161,6 +230,7 @@ func (a *activeNodes) restartLocked() {
 	}
 	a.w, a.unseen = w, unseen
 	clear(a.lineage)
+	clear(a.unclaimed)
 	a.gen++
 	// Every read made before is stale: changes may have been missed.
 	clear(a.changed)

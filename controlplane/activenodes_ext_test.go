@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -116,5 +118,80 @@ func TestANodeStoppedBetweenTwoCallsIsRefusedOnTheNextOne(t *testing.T) {
 	}
 	if _, err := w.w2C.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: w.w2})); connect.CodeOf(err) != connect.CodeUnauthenticated {
 		t.Fatalf("another call after the node was terminated in the store: %v, want unauthenticated", err)
+	}
+}
+
+// TestANeverSessionedChildRememberedBeforeItsParentsClaimIsWeighedAfterIt:
+// the server remembers a child that never opened a session once its
+// requests found nothing to weigh against its ancestors. Its rogue parent
+// has the child's credential read (the server now remembers the child),
+// ends its own session and claims its exit — no stop yet, so the child's
+// node does not change — and then works on as the child (a read; or a
+// tool call begun and ended with the child's token). The child's request
+// after the claim must still be weighed against it, as if nothing were
+// remembered: the parent reads unaccounted, its child served after its
+// claim.
+func TestANeverSessionedChildRememberedBeforeItsParentsClaimIsWeighedAfterIt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the tests that start a server per case; make test and CI run them.")
+	}
+	for _, viaTool := range []bool{false, true} {
+		name := "read"
+		if viaTool {
+			name = "tool-call"
+		}
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			clk := clock.NewManual(epoch)
+			srv := testserver.Start(t, testserver.WithClock(clk))
+			admin := srv.AdminClients()
+			parent := register(t, admin, "rogue")
+			self := parent.Node.NodeId
+			child := spawn(t, srv.Clients(parent.Credential), self, "child")
+			cid := child.Node.NodeId
+			asChild := srv.Clients(child.Credential)
+			grant := issueRoot(t, admin, cid, time.Hour, "tool:*")
+			tool := srv.Clients(srv.ToolServerToken(t, "resource-1"))
+			work := func() {
+				t.Helper()
+				if viaTool {
+					c, err := tool.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: grant.token, Tool: "shell", GateId: "resource-1"}))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if _, err := tool.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: c.Msg.Call.CallId, GateId: "resource-1"})); err != nil {
+						t.Fatal(err)
+					}
+					return
+				}
+				if _, err := asChild.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: cid})); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for range 3 { // remembered from the second on
+				work()
+			}
+			sess, err := openSession(t, srv.Clients(parent.Credential), self)
+			if err != nil {
+				t.Fatal(err)
+			}
+			endSessionStored(t, admin, clk, sess, self)
+			clk.Advance(time.Minute)
+			if _, err := srv.Clients(parent.Credential).Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: self, Reason: "done"})); err != nil {
+				t.Fatal(err)
+			}
+			clk.Advance(time.Second)
+			work()
+			term := terminate(t, admin, self, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, time.Second, time.Second, time.Second)
+			clk.Advance(time.Minute)
+			waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+			clk.Advance(time.Minute)
+			waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+			pn := recordNode(t, record(t, admin, term.TerminationId), self)
+			if pn.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED || !strings.Contains(pn.UnaccountedReason, cid) || !strings.Contains(pn.UnaccountedReason, "after this node's claim") {
+				t.Fatalf("record: the parent %s (confirmed by %q, reason %q), want unaccounted, its child %s served after its claim",
+					pn.Outcome, pn.ConfirmedBy, pn.UnaccountedReason, cid)
+			}
+		})
 	}
 }

@@ -81,13 +81,15 @@ func (s *Server) agentAct(ctx context.Context, nodeID, kind, detail string) (str
 }
 
 // agentActAs is agentAct for a request that a stop covering the node
-// refuses when refusedWhileStopping. A node that never had a session
-// (tree.NeverSessioned) is not remembered: each of its requests is
-// weighed against its ancestors' claims of exit (tree.NoteAtWorkAfterClaims,
-// one read of its ancestors), unless it is stopping and the request one
-// its stop refuses. Until the thirty-seventh pass a rogue parent that
-// claimed its exit and worked on with such a child's credential read
-// confirmed by the control plane.
+// refuses when refusedWhileStopping. A request of a node that never had a
+// session (tree.NeverSessioned) is weighed against its ancestors' claims
+// of exit (tree.NoteAtWorkAfterClaims, one read of its ancestors), unless
+// it is stopping and the request one its stop refuses; such a node is
+// remembered only while none of its ancestors changes after that read
+// (activeNodes), so the request after an ancestor's claim is weighed
+// again. Until the thirty-seventh pass a rogue parent that claimed its
+// exit and worked on with such a child's credential read confirmed by
+// the control plane.
 func (s *Server) agentActAs(ctx context.Context, nodeID, kind, detail string, refusedWhileStopping bool) (string, error) {
 	lineage, ok, gen := s.active.lookup(nodeID)
 	if ok {
@@ -113,9 +115,8 @@ func (s *Server) agentActAs(ctx context.Context, nodeID, kind, detail string, re
 		if err := s.tree.NoteAtWorkAfterClaims(ctx, n, kind); err != nil {
 			return "", err
 		}
-		return lineage, nil
 	}
-	s.active.remember(nodeID, lineage, gen)
+	s.active.remember(n, gen)
 	return lineage, nil
 }
 

@@ -64,22 +64,28 @@ func (t *toolService) BeginCall(ctx context.Context, req *connect.Request[tether
 	if err := auth.RefusalsSpent(ctx); err != nil && !t.s.grants.Plausible(req.Msg.Token) {
 		return nil, err
 	}
-	// The holder as charge read it (a node not remembered as active: one
-	// that never had a session is never remembered, agentActAs).
+	// The holder as charge read it (a node not remembered as active), and
+	// the generation it was read after (activeNodes).
 	var holder *tree.Node
+	var gen uint64
 	call, err := l.Begin(ctx, req.Msg.Token, req.Msg.Tool, gate, req.Msg.RequiredScope, p.ID(), func(ctx context.Context, nodeID string) error {
-		n, err := t.chargeHolder(ctx, nodeID)
+		n, g, err := t.chargeHolder(ctx, nodeID)
 		if nodeID != "" {
-			holder = n
+			holder, gen = n, g
 		}
 		return err
 	})
 	// A call begun, or a request the gate served (a seen report), with
 	// the token of a node that never had a session is weighed against
-	// its ancestors' claims of exit as its own requests are.
+	// its ancestors' claims of exit as its own requests are (agentActAs).
+	// A holder that may act is then remembered as its own requests
+	// remember it.
 	if (err == nil || errors.Is(err, ledger.ErrSeenNoted)) && holder != nil {
 		if nerr := t.s.tree.NoteAtWorkAfterClaims(ctx, holder, tree.ActivityToolCall); nerr != nil {
 			return nil, toConnect(nerr)
+		}
+		if err == nil && holder.State != tree.NodeStateTerminated && !tree.ExitConfirmed(holder) && !tree.SessionEndIsLastSeen(holder) {
+			t.s.active.remember(holder, gen)
 		}
 	}
 	if err != nil {
@@ -93,26 +99,24 @@ func (t *toolService) BeginCall(ctx context.Context, req *connect.Request[tether
 // the gate's refusal budget. A gate asks about every token it is shown, so
 // one rogue caller must not spend what every caller of the gate shares.
 func (t *toolService) charge(ctx context.Context, nodeID string) error {
-	_, err := t.chargeHolder(ctx, nodeID)
+	_, _, err := t.chargeHolder(ctx, nodeID)
 	return err
 }
 
 // chargeHolder is charge, answering also the holder's node when it read
-// it (a node not remembered as active), else nil.
-func (t *toolService) chargeHolder(ctx context.Context, nodeID string) (*tree.Node, error) {
+// it (a node not remembered as active), else nil, and the generation it
+// read it after (activeNodes.lookup).
+func (t *toolService) chargeHolder(ctx context.Context, nodeID string) (*tree.Node, uint64, error) {
 	if nodeID == "" {
-		return nil, auth.ChargeRefused(ctx)
+		return nil, 0, auth.ChargeRefused(ctx)
 	}
-	lineage, ok := "", false
-	if t.s.active != nil {
-		lineage, ok, _ = t.s.active.lookup(nodeID)
-	}
+	lineage, ok, gen := t.s.active.lookup(nodeID)
 	var n *tree.Node
 	if !ok {
 		var err error
 		n, err = t.s.tree.Get(ctx, nodeID)
 		if err != nil {
-			return nil, auth.ChargeRefused(ctx)
+			return nil, gen, auth.ChargeRefused(ctx)
 		}
 		lineage = lineageOf(n)
 	}
@@ -126,7 +130,7 @@ func (t *toolService) chargeHolder(ctx context.Context, nodeID string) (*tree.No
 	// was read with it not so, and is forgotten at its next end), on the
 	// read the charge already made: a flood costs no write.
 	if refused == nil || n == nil || n.State == tree.NodeStateTerminated {
-		return n, refused
+		return n, gen, refused
 	}
 	switch {
 	case tree.ExitConfirmed(n):
@@ -137,15 +141,15 @@ func (t *toolService) chargeHolder(ctx context.Context, nodeID string) (*tree.No
 		// contradiction is: past the bound, on the read already made.
 		if len(n.Contradictions) < tree.MaxContradictions {
 			if _, err := t.s.tree.Act(ctx, nodeID, tree.ActivityToolCall, "a tool call refused for its lineage's spent rate budget"); err != nil && !errors.Is(err, tree.ErrNodeExited) {
-				return n, err
+				return n, gen, err
 			}
 		}
 	case tree.SessionEndIsLastSeen(n):
 		if err := t.s.tree.SeenAlive(ctx, nodeID); err != nil {
-			return n, err
+			return n, gen, err
 		}
 	}
-	return n, refused
+	return n, gen, refused
 }
 
 func (t *toolService) EndCall(ctx context.Context, req *connect.Request[tetherv1.EndCallRequest]) (*connect.Response[tetherv1.EndCallResponse], error) {
