@@ -436,9 +436,7 @@ func (g *Gateway) Close() {
 	// notification being handled, and the handler of list_changed takes
 	// g.mu (refreshSession). Closing them under the lock had the two wait
 	// on each other for ever.
-	for _, session := range sessions {
-		_ = session.Close()
-	}
+	closeUpstreams(sessions)
 	g.watchers.Wait()
 	g.reports.Wait() // the ends of calls already answered
 	g.closeRefusals()
@@ -446,6 +444,31 @@ func (g *Gateway) Close() {
 	if stop != nil {
 		stop()
 	}
+}
+
+// closeUpstreamsAtOnce bounds the upstream connections Close closes at
+// once.
+const closeUpstreamsAtOnce = 64
+
+// closeUpstreams closes sessions, closeUpstreamsAtOnce at once, and
+// returns once all are closed. Closing a stdio upstream's connection ends
+// its input and waits for its process to exit: the MCP SDK gives it 5 s,
+// then 5 s more after SIGTERM, then SIGKILL. Closed one after the other,
+// N upstreams that ignored both held the gateway's Close, and the reports
+// it sends after them, for 10·N s.
+func closeUpstreams(sessions []*mcp.ClientSession) {
+	slots := make(chan struct{}, closeUpstreamsAtOnce)
+	var wg sync.WaitGroup
+	for _, session := range sessions {
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			_ = session.Close()
+		}()
+	}
+	wg.Wait()
 }
 
 // Server is the MCP server agents talk to (to serve it on a transport of

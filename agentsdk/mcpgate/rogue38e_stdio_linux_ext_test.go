@@ -1,0 +1,127 @@
+//go:build linux
+
+package mcpgate_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/tetherhq/tether/agentsdk/mcpgate"
+	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// The thirty-eighth rogue pass against the MCP gateway (helper E).
+
+// lingersTogether is a rogue stdio upstream, one of a few named by
+// MCPGATE_ROGUE38E_NAME among MCPGATE_ROGUE38E_OF: it answers the
+// gateway's handshake and its listing of one tool, then reads its input
+// to its end, ignoring SIGTERM. At its input's end it creates the file
+// eof-<name> in dir and stays until every one of the upstreams has
+// (their inputs ended too), then creates all-<name> and exits. An
+// upstream whose input ends only once it is gone (SIGKILL, one after
+// the other) never creates its all- file.
+func lingersTogether(dir string) {
+	signal.Ignore(syscall.SIGTERM)
+	name := os.Getenv("MCPGATE_ROGUE38E_NAME")
+	of, _ := strconv.Atoi(os.Getenv("MCPGATE_ROGUE38E_OF"))
+	in := bufio.NewReader(os.Stdin)
+	answerHandshake(in, name, "put")
+	_, _ = io.Copy(io.Discard, in)
+	_ = os.WriteFile(filepath.Join(dir, "eof-"+name), nil, 0o600)
+	for {
+		ended, _ := filepath.Glob(filepath.Join(dir, "eof-*"))
+		if len(ended) >= of {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	_ = os.WriteFile(filepath.Join(dir, "all-"+name), nil, 0o600)
+	os.Exit(0)
+}
+
+// Rogue stdio upstreams cannot hold the gateway's Close, nor the reports
+// it sends at its close, for the sum of their lingering. Closing a stdio
+// upstream ends its input and gives its process the MCP SDK's 5 s to
+// exit, then 5 s more after SIGTERM, then SIGKILL; the gateway closed its
+// upstreams one after the other, so N upstreams that ignored their
+// input's end and SIGTERM held Close for 10·N s, and the reports owed at
+// the close (a revoked rogue's refusal after its claim of exit here) were
+// sent only then: `tether mcp serve` stopped by a supervisor's SIGTERM
+// with a grace shorter than that was killed with them unsent. The
+// upstreams are now closed together (closeUpstreamsAtOnce at most), each
+// one's input ended before any is waited for. (Fails, before that,
+// because the upstreams, each waiting until every one's input has ended,
+// were killed one by one, all but the last before the others' input
+// ended: no all- file for them.)
+func TestRogue38EStdioUpstreamsAreClosedTogetherAndTheCloseReportsStillSent(t *testing.T) {
+	w := newWorld(t, "mcp:test/*")
+	self, credential, token := rogueChild(t, w, time.Hour)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	names := []string{"ra", "rb", "rc"}
+	gw := gatewayOnClockWith(t, w, clock.NewManual(w.clk.Now()), nil, func(c *mcpgate.Config) {
+		for _, name := range names {
+			c.Upstreams = append(c.Upstreams, mcpgate.Upstream{Name: name, Command: []string{exe}, Env: map[string]string{
+				"MCPGATE_ROGUE38E_LINGERS": dir, "MCPGATE_ROGUE38E_NAME": name, "MCPGATE_ROGUE38E_OF": strconv.Itoa(len(names)),
+			}})
+		}
+	})
+	endpoint := serveGateway(t, gw)
+
+	// A revoked rogue refused before its claim (reported then) and after
+	// it, within its report's interval on the gateway's clock, which
+	// stands: that report is sent at the close.
+	ctx := context.Background()
+	claims, err := gw.Verifier().Identify(ctx, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.admin.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: claims.GrantID}, Reason: "rogue"})); err != nil {
+		t.Fatal(err)
+	}
+	testserver.WaitFor(t, guardWait, "the revocation to reach the gateway", func() bool {
+		_, err := gw.Verifier().Verify(ctx, token)
+		return errors.Is(err, capability.ErrGrantRevoked)
+	})
+	if got := pingStatus(t, endpoint, token); got != http.StatusForbidden {
+		t.Fatalf("the revoked rogue's ping: %d; want 403", got)
+	}
+	claimAfterSessionEnd(t, w, self, credential)
+	if got := pingStatus(t, endpoint, token); got != http.StatusForbidden {
+		t.Fatalf("the revoked rogue's ping after its claim: %d; want 403", got)
+	}
+
+	closeReturns(t, gw, "the gateway's Close with its lingering stdio upstreams")
+	var killed []string
+	for _, name := range names {
+		if _, err := os.Stat(filepath.Join(dir, "all-"+name)); err != nil {
+			killed = append(killed, name)
+		}
+	}
+	if len(killed) > 0 {
+		ended, _ := filepath.Glob(filepath.Join(dir, "eof-*"))
+		t.Fatalf("upstreams %v were stopped before every upstream's input had ended (those ended: %d of %d): the gateway closed them one after the other, each waited for",
+			killed, len(ended), len(names))
+	}
+	if got := nodeOf(t, w, self).Contradictions; len(got) == 0 {
+		t.Fatal("the gateway closed its upstreams and never sent the rogue's refusal after its claim: the record reads its exit confirmed")
+	}
+}
