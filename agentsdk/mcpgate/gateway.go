@@ -125,6 +125,9 @@ type Gateway struct {
 	closing    context.Context
 	endClosing context.CancelFunc
 	watchers   sync.WaitGroup
+	// exits are the stdio upstreams' connections being closed, each
+	// waiting for its process to exit (abandonableWrites.Close).
+	exits exits
 
 	// running is the context every forwarded call runs under (beside the
 	// control plane's cancel): not the agent's request, which the agent
@@ -391,7 +394,7 @@ func (g *Gateway) transport(u Upstream) mcp.Transport {
 	if u.URL != "" {
 		// MaxEventSize set, not left 0: the SDK's streamable client takes 0 as
 		// no bound at all (its SSE client takes it as the default).
-		transport := answerWaits{next: boundedAnswers{http.DefaultTransport}, bound: g.answerBound()}
+		transport := answerWaits{next: boundedAnswers{http.DefaultTransport}, bound: g.answerBound(u.Name)}
 		return &mcp.StreamableClientTransport{Endpoint: u.URL, HTTPClient: &http.Client{Transport: transport}, MaxEventSize: MaxUpstreamAnswerBytes}
 	}
 	cmd := exec.Command(u.Command[0], u.Command[1:]...)
@@ -404,13 +407,13 @@ func (g *Gateway) transport(u Upstream) mcp.Transport {
 		cmd.Env = append(cmd.Env, k+"="+u.Env[k])
 	}
 	cmd.Stderr = g.cfg.Stderr
-	return stdioTransport{Transport: &mcp.CommandTransport{Command: cmd}, bound: g.answerBound()}
+	return stdioTransport{Transport: &mcp.CommandTransport{Command: cmd}, bound: g.answerBound(u.Name), exits: &g.exits}
 }
 
 // answerBound bounds the gateway's writes of its answers to an upstream's
-// own requests.
-func (g *Gateway) answerBound() answerBound {
-	return answerBound{closing: g.closing, clock: g.cfg.Clock, wait: g.cfg.ConnectTimeout}
+// own requests, on one connection to the upstream named upstream.
+func (g *Gateway) answerBound(upstream string) answerBound {
+	return answerBound{closing: g.closing, clock: g.cfg.Clock, wait: g.cfg.ConnectTimeout, held: &answersHeld{log: g.log, upstream: upstream}}
 }
 
 // Close disconnects from the upstreams (stopping stdio ones), and stops
@@ -436,11 +439,25 @@ func (g *Gateway) Close() {
 	// notification being handled, and the handler of list_changed takes
 	// g.mu (refreshSession). Closing them under the lock had the two wait
 	// on each other for ever.
-	closeUpstreams(sessions)
-	g.watchers.Wait()
-	g.reports.Wait() // the ends of calls already answered
+	//
+	// The reports are sent meanwhile: closing a stdio upstream's
+	// connection ends its input at once, which ends the calls abandoned on
+	// it (abandonCalls), and waits for its process to exit (up to 15 s) in
+	// the background (abandonableWrites.Close). Sent after that wait, the
+	// ends of the calls abandoned and the reports owed were held for as
+	// long as a rogue upstream lingered, and lost to a supervisor that
+	// stopped the gateway within it.
+	upstreamsClosed := make(chan struct{})
+	go func() {
+		defer close(upstreamsClosed)
+		closeUpstreams(sessions)
+		g.watchers.Wait() // each waits for its connection's end
+		g.exits.wait()    // every connection is closed, or being closed, by now
+	}()
+	g.reports.Wait() // the ends of calls already answered, or abandoned
 	g.closeRefusals()
 	g.closeSeen()
+	<-upstreamsClosed
 	if stop != nil {
 		stop()
 	}

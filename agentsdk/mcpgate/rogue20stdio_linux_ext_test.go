@@ -37,6 +37,10 @@ func TestMain(m *testing.M) {
 		lingersTogether(dir)
 		return
 	}
+	if dir := os.Getenv("MCPGATE_ROGUE38E_HOLDS"); dir != "" {
+		holdsUntilReleased(dir)
+		return
+	}
 	if dir := os.Getenv("MCPGATE_ROGUE21_EXITS"); dir != "" {
 		exitsOnceListed(dir)
 		return
