@@ -123,8 +123,9 @@
 // them is left unanswered (logged). Close closes the upstreams' connections together (64 at once):
 // a stdio upstream's input ends at once, and its process is given the MCP
 // SDK's 5 s to exit, 5 s more after SIGTERM, then SIGKILL, every
-// upstream's at the same time; the calls abandoned are recorded, and the
-// reports owed sent, meanwhile, Close returning once both are done.
+// upstream's at the same time; the reports owed are sent meanwhile, and
+// the calls abandoned recorded once their upstreams are gone (a stdio
+// upstream's process may go on with a call until then).
 //
 // # Sessions
 //

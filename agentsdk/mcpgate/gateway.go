@@ -128,6 +128,14 @@ type Gateway struct {
 	// exits are the stdio upstreams' connections being closed, each
 	// waiting for its process to exit (abandonableWrites.Close).
 	exits exits
+	// upstreamsGone is closed once Close has closed every upstream's
+	// connection, each stdio upstream's process gone.
+	upstreamsGone chan struct{}
+	goneOnce      sync.Once
+	// begins counts the calls whose begin has not been resolved (begun,
+	// or refused and its report owed): Close sends the reports owed once
+	// they are.
+	begins sync.WaitGroup
 
 	// running is the context every forwarded call runs under (beside the
 	// control plane's cancel): not the agent's request, which the agent
@@ -218,7 +226,7 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real{}
 	}
-	g := &Gateway{cfg: cfg, log: cfg.Logger, upstreams: map[string]*upstream{}, routes: map[string]*route{}, closed: make(chan struct{})}
+	g := &Gateway{cfg: cfg, log: cfg.Logger, upstreams: map[string]*upstream{}, routes: map[string]*route{}, closed: make(chan struct{}), upstreamsGone: make(chan struct{})}
 	g.running, g.abandonCalls = context.WithCancelCause(context.Background())
 	g.closing, g.endClosing = context.WithCancel(context.Background())
 	g.owed.path = cfg.OwedReportsFile
@@ -440,23 +448,25 @@ func (g *Gateway) Close() {
 	// g.mu (refreshSession). Closing them under the lock had the two wait
 	// on each other for ever.
 	//
-	// The reports are sent meanwhile: closing a stdio upstream's
-	// connection ends its input at once, which ends the calls abandoned on
-	// it (abandonCalls), and waits for its process to exit (up to 15 s) in
-	// the background (abandonableWrites.Close). Sent after that wait, the
-	// ends of the calls abandoned and the reports owed were held for as
-	// long as a rogue upstream lingered, and lost to a supervisor that
-	// stopped the gateway within it.
+	// The reports owed are sent meanwhile: closing a stdio upstream's
+	// connection waits for its process to exit (up to 15 s), and sent
+	// after that wait they were held for as long as a rogue upstream
+	// lingered, and lost to a supervisor that stopped the gateway within
+	// it. The ends of the calls abandoned are recorded once their
+	// upstreams are gone (call), not before: a stdio upstream's process
+	// may go on with the call until then.
 	upstreamsClosed := make(chan struct{})
 	go func() {
 		defer close(upstreamsClosed)
 		closeUpstreams(sessions)
 		g.watchers.Wait() // each waits for its connection's end
 		g.exits.wait()    // every connection is closed, or being closed, by now
+		g.goneOnce.Do(func() { close(g.upstreamsGone) })
 	}()
-	g.reports.Wait() // the ends of calls already answered, or abandoned
+	g.begins.Wait() // every call begun, or its begin's report owed
 	g.closeRefusals()
 	g.closeSeen()
+	g.reports.Wait() // the ends of calls answered, or abandoned
 	<-upstreamsClosed
 	if stop != nil {
 		stop()
@@ -898,10 +908,16 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	finished := make(chan error, 1)
 	mark.tell() // the call's begin tells the control plane
 	g.reports.Add(1)
+	g.begins.Add(1)
 	go func() {
 		defer g.reports.Done()
+		resolved := sync.OnceFunc(g.begins.Done)
+		defer resolved()
 		var herr error
+		ran := false
 		err := g.cfg.Gate.CallScoped(g.running, token, r.ledgerTool, r.scope, func(ctx context.Context) error {
+			ran = true
+			resolved()
 			// Begun: the ledger sees the call, and nothing of it is reported
 			// as the node seen, so its request lets go of its node's place
 			// in the seen reports (holdSeen). Held for the call's life, a
@@ -931,8 +947,23 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 				herr = errToolError
 			}
 			answered <- a
+			if herr == errGatewayClosing {
+				// Recorded once the upstream is gone: a stdio upstream's
+				// process may go on with the call until then (ignoring its
+				// input's end and SIGTERM, 10 s).
+				select {
+				case <-g.closed:
+					<-g.upstreamsGone
+				default:
+				}
+			}
 			return herr
 		})
+		if !ran && err != nil && !seenLanded(err) {
+			// Its begin did not land: the node served all the same, its
+			// report owed (before Close sends the reports owed).
+			g.oweSeenToken(claims.HolderNodeID, token)
+		}
 		if err != nil && err != herr && !errors.Is(err, agentsdk.ErrCancelled) {
 			// The ledger did not hear how the call ended: the record will
 			// show it unresolved, which is all the control plane knows.

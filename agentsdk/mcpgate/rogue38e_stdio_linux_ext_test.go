@@ -150,18 +150,19 @@ func holdsUntilReleased(dir string) {
 	os.Exit(0)
 }
 
-// A rogue stdio upstream cannot hold the reports the gateway sends at its
+// A rogue stdio upstream cannot hold the reports the gateway owes at its
 // close until its process is gone. Close waited for every upstream's
 // process to exit (the MCP SDK's 5 s, 5 s more after SIGTERM, then
-// SIGKILL) before it reported the ends of the calls it abandoned and sent
-// the reports owed: a `tether mcp serve` stopped by a supervisor that
-// kills it within that time lost them, and the record read a rogue's call
-// after its claim of exit unseen, its calls in flight unresolved. The
-// reports are now sent as the upstreams' processes are waited for: once
-// their connections' inputs have ended, the calls on them are abandoned
-// and recorded. (Fails, before that, because the control plane heard
-// neither the call's end nor the rogue's refusal until the upstream,
-// which waits for them, had been killed: it never saw its release.)
+// SIGKILL) before it sent the reports owed: a `tether mcp serve` stopped
+// by a supervisor that kills it within that time lost them, and the
+// record read a revoked rogue's request after its claim of exit unseen.
+// Those reports are now sent as the upstreams' processes are waited for.
+// A call the gateway abandoned as it closed is recorded ended once its
+// upstream's process is gone, as before, not sooner: the process may go
+// on with the call until then. (Fails, before that, because the control
+// plane did not hear of the rogue's refusal until the upstream, which
+// waits for it, had been killed: it never saw its release; fails too if
+// the call is recorded ended while the process is still there.)
 func TestRogue38ECloseReportsDoNotWaitForAStdioUpstreamsExit(t *testing.T) {
 	w := newWorld(t, "mcp:*")
 	self, credential, token := rogueChild(t, w, time.Hour)
@@ -228,15 +229,21 @@ func TestRogue38ECloseReportsDoNotWaitForAStdioUpstreamsExit(t *testing.T) {
 	done := make(chan struct{})
 	go func() { gw.Close(); close(done) }()
 	testserver.WaitFor(t, guardWait, "the close reports to land, or the gateway's Close to return", func() bool {
-		return closed(done) || (openCalls() == 0 && len(nodeOf(t, w, self).Contradictions) > 0)
+		if _, err := os.Stat(filepath.Join(dir, "eof")); err == nil && !closed(done) && openCalls() == 0 {
+			t.Fatal("the call was recorded ended while its stdio upstream's process, which may go on with it, was still there")
+		}
+		return closed(done) || len(nodeOf(t, w, self).Contradictions) > 0
 	})
 	if err := os.WriteFile(filepath.Join(dir, "release"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	recv(t, done, "the gateway's Close")
 	if _, err := os.Stat(filepath.Join(dir, "released")); err != nil {
-		t.Fatalf("the upstream was killed before the gateway's close reports landed (the call open: %d, the rogue's contradictions: %v): they waited for the upstream's exit",
-			openCalls(), nodeOf(t, w, self).Contradictions)
+		t.Fatalf("the upstream was killed before the gateway's close reports landed (the rogue's contradictions: %v): they waited for the upstream's exit",
+			nodeOf(t, w, self).Contradictions)
+	}
+	if got := openCalls(); got != 0 {
+		t.Fatalf("the call abandoned at the gateway's close is still open in the ledger once Close returned (%d open)", got)
 	}
 }
 
