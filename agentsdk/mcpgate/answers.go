@@ -8,10 +8,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -124,6 +126,7 @@ type answerBound struct {
 	closing context.Context // ends as the gateway closes
 	clock   clock.Clock
 	wait    time.Duration
+	held    *answersHeld // the connection's, nil for none
 }
 
 // bind is ctx, ended as b says; done lets go of it.
@@ -158,7 +161,16 @@ func (a answerWaits) RoundTrip(r *http.Request) (*http.Response, error) {
 	if !carriesAnswer(r) {
 		return a.next.RoundTrip(r)
 	}
-	ctx, done := a.bound.bind(r.Context())
+	if !a.bound.held.take() {
+		// Not sent: as far as the SDK knows, taken (MCP's 202).
+		return &http.Response{Status: "202 Accepted", StatusCode: http.StatusAccepted, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+			Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+	}
+	ctx, unbind := a.bound.bind(r.Context())
+	done := func() {
+		unbind()
+		a.bound.held.release()
+	}
 	resp, err := a.next.RoundTrip(r.WithContext(ctx))
 	if err != nil || resp.Body == nil {
 		done()
@@ -410,4 +422,48 @@ func (g *eventGuard) Close() error {
 		return nil
 	}
 	return g.body.Close()
+}
+
+// MaxAnswersInFlight bounds the gateway's answers to an upstream's own
+// requests (ping, roots/list; sampling and elicitation, refused) being
+// written to one connection to it at once (over Streamable HTTP, each a
+// POST until the upstream has answered it). The Go SDK's client answers
+// each request in a goroutine of its own, each waiting for the upstream
+// to take its answer (answerBound): an upstream that asked thousands of
+// times at once and took none of the answers had the gateway hold a
+// goroutine, and over HTTP a request and a connection, for each. An
+// answer past the bound is not written: the upstream's request is left
+// unanswered (the gateway logs it, once per connection).
+const MaxAnswersInFlight = 64
+
+// answersHeld counts the answers to one connection's upstream being
+// written (MaxAnswersInFlight).
+type answersHeld struct {
+	n        atomic.Int32
+	logged   atomic.Bool
+	log      *slog.Logger
+	upstream string
+}
+
+// take counts one answer more, unless MaxAnswersInFlight are being
+// written: then the answer is not to be written, and take says false.
+func (h *answersHeld) take() bool {
+	if h == nil {
+		return true
+	}
+	if h.n.Add(1) > MaxAnswersInFlight {
+		h.n.Add(-1)
+		if !h.logged.Swap(true) {
+			h.log.Warn("mcpgate: an upstream asked the gateway more than it takes answers from: its requests past the gateway's answers in flight to it are left unanswered", "upstream", h.upstream, "max", MaxAnswersInFlight)
+		}
+		return false
+	}
+	return true
+}
+
+// release counts one answer less.
+func (h *answersHeld) release() {
+	if h != nil {
+		h.n.Add(-1)
+	}
 }

@@ -118,7 +118,14 @@
 // of the gateway's answer to the upstream's own request (ping,
 // roots/list), ConnectTimeout after it began at the latest; over stdio
 // such a write still under way then ends the connection, as a call's
-// does.
+// does. At most MaxAnswersInFlight such answers are under way on one
+// connection to an upstream at once: a request of the upstream's past
+// them is left unanswered (logged). Close closes the upstreams' connections together (64 at once):
+// a stdio upstream's input ends at once, and its process is given the MCP
+// SDK's 5 s to exit, 5 s more after SIGTERM, then SIGKILL, every
+// upstream's at the same time; the reports owed are sent meanwhile, and
+// the calls abandoned recorded once their upstreams are gone (a stdio
+// upstream's process may go on with a call until then).
 //
 // # Sessions
 //

@@ -125,6 +125,17 @@ type Gateway struct {
 	closing    context.Context
 	endClosing context.CancelFunc
 	watchers   sync.WaitGroup
+	// exits are the stdio upstreams' connections being closed, each
+	// waiting for its process to exit (abandonableWrites.Close).
+	exits exits
+	// upstreamsGone is closed once Close has closed every upstream's
+	// connection, each stdio upstream's process gone.
+	upstreamsGone chan struct{}
+	goneOnce      sync.Once
+	// begins counts the calls whose begin has not been resolved (begun,
+	// or refused and its report owed): Close sends the reports owed once
+	// they are.
+	begins sync.WaitGroup
 
 	// running is the context every forwarded call runs under (beside the
 	// control plane's cancel): not the agent's request, which the agent
@@ -215,7 +226,7 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real{}
 	}
-	g := &Gateway{cfg: cfg, log: cfg.Logger, upstreams: map[string]*upstream{}, routes: map[string]*route{}, closed: make(chan struct{})}
+	g := &Gateway{cfg: cfg, log: cfg.Logger, upstreams: map[string]*upstream{}, routes: map[string]*route{}, closed: make(chan struct{}), upstreamsGone: make(chan struct{})}
 	g.running, g.abandonCalls = context.WithCancelCause(context.Background())
 	g.closing, g.endClosing = context.WithCancel(context.Background())
 	g.owed.path = cfg.OwedReportsFile
@@ -391,7 +402,7 @@ func (g *Gateway) transport(u Upstream) mcp.Transport {
 	if u.URL != "" {
 		// MaxEventSize set, not left 0: the SDK's streamable client takes 0 as
 		// no bound at all (its SSE client takes it as the default).
-		transport := answerWaits{next: boundedAnswers{http.DefaultTransport}, bound: g.answerBound()}
+		transport := answerWaits{next: boundedAnswers{http.DefaultTransport}, bound: g.answerBound(u.Name)}
 		return &mcp.StreamableClientTransport{Endpoint: u.URL, HTTPClient: &http.Client{Transport: transport}, MaxEventSize: MaxUpstreamAnswerBytes}
 	}
 	cmd := exec.Command(u.Command[0], u.Command[1:]...)
@@ -404,13 +415,13 @@ func (g *Gateway) transport(u Upstream) mcp.Transport {
 		cmd.Env = append(cmd.Env, k+"="+u.Env[k])
 	}
 	cmd.Stderr = g.cfg.Stderr
-	return stdioTransport{Transport: &mcp.CommandTransport{Command: cmd}, bound: g.answerBound()}
+	return stdioTransport{Transport: &mcp.CommandTransport{Command: cmd}, bound: g.answerBound(u.Name), exits: &g.exits}
 }
 
 // answerBound bounds the gateway's writes of its answers to an upstream's
-// own requests.
-func (g *Gateway) answerBound() answerBound {
-	return answerBound{closing: g.closing, clock: g.cfg.Clock, wait: g.cfg.ConnectTimeout}
+// own requests, on one connection to the upstream named upstream.
+func (g *Gateway) answerBound(upstream string) answerBound {
+	return answerBound{closing: g.closing, clock: g.cfg.Clock, wait: g.cfg.ConnectTimeout, held: &answersHeld{log: g.log, upstream: upstream}}
 }
 
 // Close disconnects from the upstreams (stopping stdio ones), and stops
@@ -436,16 +447,55 @@ func (g *Gateway) Close() {
 	// notification being handled, and the handler of list_changed takes
 	// g.mu (refreshSession). Closing them under the lock had the two wait
 	// on each other for ever.
-	for _, session := range sessions {
-		_ = session.Close()
-	}
-	g.watchers.Wait()
-	g.reports.Wait() // the ends of calls already answered
+	//
+	// The reports owed are sent meanwhile: closing a stdio upstream's
+	// connection waits for its process to exit (up to 15 s), and sent
+	// after that wait they were held for as long as a rogue upstream
+	// lingered, and lost to a supervisor that stopped the gateway within
+	// it. The ends of the calls abandoned are recorded once their
+	// upstreams are gone (call), not before: a stdio upstream's process
+	// may go on with the call until then.
+	upstreamsClosed := make(chan struct{})
+	go func() {
+		defer close(upstreamsClosed)
+		closeUpstreams(sessions)
+		g.watchers.Wait() // each waits for its connection's end
+		g.exits.wait()    // every connection is closed, or being closed, by now
+		g.goneOnce.Do(func() { close(g.upstreamsGone) })
+	}()
+	g.begins.Wait() // every call begun, or its begin's report owed
 	g.closeRefusals()
 	g.closeSeen()
+	g.reports.Wait() // the ends of calls answered, or abandoned
+	<-upstreamsClosed
 	if stop != nil {
 		stop()
 	}
+}
+
+// closeUpstreamsAtOnce bounds the upstream connections Close closes at
+// once.
+const closeUpstreamsAtOnce = 64
+
+// closeUpstreams closes sessions, closeUpstreamsAtOnce at once, and
+// returns once all are closed. Closing a stdio upstream's connection ends
+// its input and waits for its process to exit: the MCP SDK gives it 5 s,
+// then 5 s more after SIGTERM, then SIGKILL. Closed one after the other,
+// N upstreams that ignored both held the gateway's Close, and the reports
+// it sends after them, for 10·N s.
+func closeUpstreams(sessions []*mcp.ClientSession) {
+	slots := make(chan struct{}, closeUpstreamsAtOnce)
+	var wg sync.WaitGroup
+	for _, session := range sessions {
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			_ = session.Close()
+		}()
+	}
+	wg.Wait()
 }
 
 // Server is the MCP server agents talk to (to serve it on a transport of
@@ -858,10 +908,16 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	finished := make(chan error, 1)
 	mark.tell() // the call's begin tells the control plane
 	g.reports.Add(1)
+	g.begins.Add(1)
 	go func() {
 		defer g.reports.Done()
+		resolved := sync.OnceFunc(g.begins.Done)
+		defer resolved()
 		var herr error
+		ran := false
 		err := g.cfg.Gate.CallScoped(g.running, token, r.ledgerTool, r.scope, func(ctx context.Context) error {
+			ran = true
+			resolved()
 			// Begun: the ledger sees the call, and nothing of it is reported
 			// as the node seen, so its request lets go of its node's place
 			// in the seen reports (holdSeen). Held for the call's life, a
@@ -891,8 +947,23 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 				herr = errToolError
 			}
 			answered <- a
+			if herr == errGatewayClosing {
+				// Recorded once the upstream is gone: a stdio upstream's
+				// process may go on with the call until then (ignoring its
+				// input's end and SIGTERM, 10 s).
+				select {
+				case <-g.closed:
+					<-g.upstreamsGone
+				default:
+				}
+			}
 			return herr
 		})
+		if !ran && err != nil && !seenLanded(err) {
+			// Its begin did not land: the node served all the same, its
+			// report owed (before Close sends the reports owed).
+			g.oweSeenToken(claims.HolderNodeID, token)
+		}
 		if err != nil && err != herr && !errors.Is(err, agentsdk.ErrCancelled) {
 			// The ledger did not hear how the call ended: the record will
 			// show it unresolved, which is all the control plane knows.

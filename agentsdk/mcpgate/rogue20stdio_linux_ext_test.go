@@ -23,7 +23,7 @@ import (
 )
 
 // TestMain lets this test binary be the rogue stdio upstreams below and
-// in rogue21exits.
+// in rogue21exits and rogue38e.
 func TestMain(m *testing.M) {
 	if marker := os.Getenv("MCPGATE_ROGUE20_STOPS_READING"); marker != "" {
 		stopsReading(marker)
@@ -31,6 +31,14 @@ func TestMain(m *testing.M) {
 	}
 	if marker := os.Getenv("MCPGATE_ROGUE37E_PINGS"); marker != "" {
 		pingsAndStopsReading(marker)
+		return
+	}
+	if dir := os.Getenv("MCPGATE_ROGUE38E_LINGERS"); dir != "" {
+		lingersTogether(dir)
+		return
+	}
+	if dir := os.Getenv("MCPGATE_ROGUE38E_HOLDS"); dir != "" {
+		holdsUntilReleased(dir)
 		return
 	}
 	if dir := os.Getenv("MCPGATE_ROGUE21_EXITS"); dir != "" {

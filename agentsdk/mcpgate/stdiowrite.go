@@ -2,6 +2,7 @@ package mcpgate
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -10,10 +11,12 @@ import (
 
 // stdioTransport is a stdio upstream's transport: the SDK's, whose writes
 // its callers can abandon (abandonableWrites), its answers to the
-// upstream's requests under bound (answerBound).
+// upstream's requests under bound (answerBound), and whose closing waits
+// for the upstream's process in the background, in exits.
 type stdioTransport struct {
 	mcp.Transport
 	bound answerBound
+	exits *exits
 }
 
 func (t stdioTransport) Connect(ctx context.Context) (mcp.Connection, error) {
@@ -21,7 +24,7 @@ func (t stdioTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	if err != nil {
 		return nil, err
 	}
-	return abandonableWrites{Connection: c, bound: t.bound}, nil
+	return abandonableWrites{Connection: c, bound: t.bound, exits: t.exits}, nil
 }
 
 // abandonedWriteGrace is how long a write whose context ended may still
@@ -46,13 +49,77 @@ const abandonedWriteGrace = time.Second
 // bound: the SDK's client writes it under a context that never ends, and
 // an upstream that asked and no longer read its input held the gateway's
 // Close for ever.
+//
+// Its Close ends the upstream's input and returns: the SDK's waits for the
+// process to exit (5 s, then 5 s more after SIGTERM, then SIGKILL) run in
+// the background, counted in exits, for which the gateway's Close waits.
+// The SDK closes the connection from within whichever of its calls ends
+// last: a call the gateway abandoned as it closed waited there for the
+// process of a rogue upstream that lingered, and the gateway's report of
+// its end (and the reports after it) with it.
 type abandonableWrites struct {
 	mcp.Connection
 	bound answerBound
+	exits *exits
+}
+
+func (c abandonableWrites) Close() error {
+	done := c.exits.add()
+	go func() {
+		defer done()
+		_ = c.Connection.Close()
+	}()
+	return nil
+}
+
+// exits are the closings of stdio upstreams' connections under way, each
+// waiting for its upstream's process to exit. Not a sync.WaitGroup: a
+// connection may be closed (its write abandoned) as the gateway's Close
+// waits.
+type exits struct {
+	mu      sync.Mutex
+	pending map[chan struct{}]struct{}
+}
+
+// add counts one closing until done is called.
+func (e *exits) add() (done func()) {
+	ch := make(chan struct{})
+	e.mu.Lock()
+	if e.pending == nil {
+		e.pending = map[chan struct{}]struct{}{}
+	}
+	e.pending[ch] = struct{}{}
+	e.mu.Unlock()
+	return func() {
+		e.mu.Lock()
+		delete(e.pending, ch)
+		e.mu.Unlock()
+		close(ch)
+	}
+}
+
+// wait returns once no closing is under way.
+func (e *exits) wait() {
+	for {
+		e.mu.Lock()
+		var ch chan struct{}
+		for ch = range e.pending {
+			break
+		}
+		e.mu.Unlock()
+		if ch == nil {
+			return
+		}
+		<-ch
+	}
 }
 
 func (c abandonableWrites) Write(ctx context.Context, msg jsonrpc.Message) error {
 	if _, answer := msg.(*jsonrpc.Response); answer {
+		if !c.bound.held.take() {
+			return nil // not written (MaxAnswersInFlight)
+		}
+		defer c.bound.held.release()
 		var done func()
 		ctx, done = c.bound.bind(ctx)
 		defer done()
@@ -79,7 +146,7 @@ func (c abandonableWrites) Write(ctx context.Context, msg jsonrpc.Message) error
 	}
 	// Close closes the input first, which ends the write, then waits for
 	// the process to exit (signalling it if it does not): not on this path.
-	go func() { _ = c.Connection.Close() }()
+	_ = c.Close()
 	if err := <-done; err != nil {
 		return ctx.Err()
 	}
