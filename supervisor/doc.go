@@ -50,7 +50,8 @@
 // has a session, a stream or a tool call open, or was seen at work after
 // its own last end (its session's, or its confirmed exit), or, never
 // having had a session, was served after the node's claim was stored
-// (tree.NoteAtWorkAfterClaims), and no tool
+// (tree.NoteAtWorkAfterClaims; once the node's record chunk is written,
+// such a descendant is refused instead: tree.ErrAncestorRecorded), and no tool
 // call of the node itself is still open at the record; an agent's attestation (an
 // ancestor outside the workload) is weighed against these as a bare claim
 // is, a launcher's is not.

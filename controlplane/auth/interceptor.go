@@ -19,6 +19,8 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tetherhq/tether/internal/fault"
 )
 
 // Interceptor authenticates every request and applies the Policy.
@@ -35,7 +37,9 @@ type Interceptor struct {
 	// agent credential's node when the node may still act; an error
 	// wrapping ErrRevoked when the node is terminated or unknown, or a
 	// *connect.Error with the code to answer (an exited node:
-	// FailedPrecondition). Its context carries the procedure
+	// FailedPrecondition), or an error internal/fault categorizes
+	// Precondition, answered FailedPrecondition (a node refused because
+	// an ancestor's record is written). Its context carries the procedure
 	// (ProcedureFromContext).
 	AgentActive func(ctx context.Context, nodeID string) (lineage string, err error)
 	// Revoked reports whether a token id was revoked (tether token
@@ -374,6 +378,12 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 				// The hook chose the code (an exited node:
 				// FailedPrecondition); a node that may not act is dead.
 				return ctx, dead(ce)
+			}
+			if fault.KindOf(err) == fault.Precondition {
+				// A refusal the hook's layer worded (a node that never
+				// had a session, its claiming ancestor's record written:
+				// tree.ErrAncestorRecorded), not a read that failed.
+				return ctx, dead(connect.NewError(connect.CodeFailedPrecondition, err))
 			}
 			refusal := connect.NewError(connect.CodeUnavailable, fmt.Errorf("auth: cannot check the agent's node: %w", err))
 			// The read failed, often because the call was reset as it

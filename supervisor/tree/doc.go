@@ -45,7 +45,11 @@
 // each tool call begun or request a gate reports served with it) is noted on its ancestors whose exit was confirmed by then
 // (NoteAtWorkAfterClaims, BelowAfterClaim, once each): such an ancestor's
 // bare claim, or an agent's attestation of it, is not corroborated
-// (JudgeExitBeside) — the ancestor was issued that credential.
+// (JudgeExitBeside) — the ancestor was issued that credential. Once such
+// an ancestor is terminated (its record's entry written) with its exit
+// confirmed by a word the record weighs (no launcher's), such a request
+// is refused instead (ErrAncestorRecorded, FailedPrecondition): nothing
+// noted then would reach the written entry.
 //
 // Signals pushes drain and abort signals to open sessions from the nodes'
 // stored state (a watch on the nodes), wherever the decision was made.
@@ -55,8 +59,9 @@
 //     stored the contradiction.
 //   - Call NoteAtWorkAfterClaims for each request served to a node's
 //     credential (not one its stop refuses while it is draining or
-//     aborting), and do not answer a never-sessioned node's requests from
-//     a cache that skips it.
+//     aborting), before serving it, and refuse the request when it
+//     returns an error (ErrAncestorRecorded: a refusal); do not answer a
+//     never-sessioned node's requests from a cache that skips it.
 //   - Call SessionClosed when a session ends, with a context that outlives
 //     the stream; call CloseStaleSessions at start only in a process that
 //     owns its store alone.

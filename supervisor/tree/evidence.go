@@ -1,6 +1,7 @@
 package tree
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -180,6 +181,15 @@ func NeverSessioned(n *Node) bool { return n.SessionOpenedAt.IsZero() }
 // by the control plane, the life put on the child alone. One read of n's
 // ancestors (prefetched together on etcd); a write only the first time
 // for each ancestor, so a flood costs reads.
+//
+// An ancestor already terminated with its exit confirmed by a word the
+// record weighs (recordedWeighed: a claim or an agent's attestation) has
+// its record's entry written: a note would not reach it. The request is
+// refused then (ErrAncestorRecorded, a Precondition fault; the caller
+// answers FailedPrecondition and serves nothing). Until the thirty-eighth
+// pass it was served: a rogue parent in a subtree larger than a record
+// chunk worked on with its never-sessioned child's credential once its
+// own chunk had committed, and read confirmed by the control plane.
 func (t *Tree) NoteAtWorkAfterClaims(ctx context.Context, n *Node, kind string) error {
 	if n == nil || n.State == NodeStateTerminated || !NeverSessioned(n) || len(n.Ancestors) == 0 {
 		return nil
@@ -188,8 +198,9 @@ func (t *Tree) NoteAtWorkAfterClaims(ctx context.Context, n *Node, kind string) 
 		return a.State != NodeStateTerminated && ExitConfirmed(a) && len(a.BelowAfterClaim) == 0
 	}
 	var ids []string
+	var refused error
 	err := t.Store.View(ctx, func(tx store.ReadTxn) error {
-		ids = ids[:0]
+		ids, refused = ids[:0], nil
 		if err := store.Prefetch(tx, store.KeysOf(n.Ancestors, nodeKey), nil); err != nil {
 			return err
 		}
@@ -201,17 +212,25 @@ func (t *Tree) NoteAtWorkAfterClaims(ctx context.Context, n *Node, kind string) 
 			if err != nil {
 				return err
 			}
+			if recordedWeighed(a) {
+				refused = ancestorRecordedError(n, a)
+				return nil
+			}
 			if claimed(a) {
 				ids = append(ids, id)
 			}
 		}
 		return nil
 	})
-	if err != nil || len(ids) == 0 {
-		return err
+	if err != nil || refused != nil {
+		return cmp.Or(err, refused)
+	}
+	if len(ids) == 0 {
+		return nil
 	}
 	now := t.Clock.Now()
-	return t.Store.Update(ctx, func(tx store.Txn) error {
+	err = t.Store.Update(ctx, func(tx store.Txn) error {
+		refused = nil
 		for _, id := range ids {
 			a, err := getNode(tx, id)
 			if errors.Is(err, ErrNodeNotFound) {
@@ -219,6 +238,12 @@ func (t *Tree) NoteAtWorkAfterClaims(ctx context.Context, n *Node, kind string) 
 			}
 			if err != nil {
 				return err
+			}
+			if recordedWeighed(a) {
+				// Its record's chunk committed since the read: nothing
+				// noted now would reach its entry.
+				refused = ancestorRecordedError(n, a)
+				return nil
 			}
 			if !claimed(a) {
 				continue
@@ -230,6 +255,34 @@ func (t *Tree) NoteAtWorkAfterClaims(ctx context.Context, n *Node, kind string) 
 		}
 		return nil
 	})
+	return cmp.Or(err, refused)
+}
+
+// ErrAncestorRecorded refuses a request of a node that never had a
+// session (NoteAtWorkAfterClaims) once the record of an ancestor whose
+// exit was confirmed (by its claim or an agent's attestation) is written.
+var ErrAncestorRecorded = fault.New(fault.Precondition, "supervisor: an ancestor's exit is recorded")
+
+// recordedWeighed reports whether a is terminated (its record's entry
+// written) with its exit confirmed by a word the record weighs against
+// what its descendants do (a claim or an agent's attestation, no
+// launcher's): a request served to a descendant's credential now could no
+// longer reach that entry.
+func recordedWeighed(a *Node) bool {
+	if a.State != NodeStateTerminated || !ExitConfirmed(a) {
+		return false
+	}
+	for _, c := range confirmationsOf(a) {
+		if c.Kind == ConfirmedByLauncher {
+			return false
+		}
+	}
+	return true
+}
+
+func ancestorRecordedError(n, a *Node) error {
+	return fmt.Errorf("%w: node %s never had a session, and its ancestor %s, whose exit was confirmed by %s, is terminated with its record written: the control plane serves nothing more to the credential that ancestor was issued at the spawn below it (open a session before the stop to be served while stopping)",
+		ErrAncestorRecorded, n.NodeID, a.NodeID, cmp.Or(a.ExitConfirmedBy, "its claim"))
 }
 
 // A node's streams of its own credential that are not sessions in the
