@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	"github.com/tetherhq/tether/controlplane/testserver"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// TestRogue38DALongReasonCannotWidenTheOperatorsTable: the rogue proposes
+// its own stop with a reason of a kilobyte (what a reason may hold), which
+// begins "calm", thirty spaces and "t_forged". `tether proposal ls` made
+// its REASON column as wide as the widest reason: every row of the table,
+// the honest ones too, was over a thousand columns wide, its TERMINATION
+// a screen or more to the right, wrapped by the terminal into lines that
+// began mid-row; and the spaces inside the reason read as the gap between
+// two cells, t_forged as a TERMINATION of its own. A cell is now cut at
+// maxCell columns with a marker naming -o wide, which prints every cell
+// whole, and a space at a cell's end or beside another is written out
+// (\x20).
+func TestRogue38DALongReasonCannotWidenTheOperatorsTable(t *testing.T) {
+	srv := testserver.Start(t)
+	ctx := context.Background()
+	w := startRogueWorld(t, srv)
+	if _, err := w.parent.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{Condition: "calls>=1", Reason: "the parent's"})); err != nil {
+		t.Fatal(err)
+	}
+	tail := strings.Repeat("z", 1024-len("calm")-30-len("t_forged ")-len(" end"))
+	reason := "calm" + strings.Repeat(" ", 30) + "t_forged " + tail + " end"
+	if len(reason) != 1024 {
+		t.Fatalf("the reason is %d bytes", len(reason))
+	}
+	if _, err := w.rogue.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{Condition: "calls>=1000", Reason: reason})); err != nil {
+		t.Fatal(err)
+	}
+	out := mustCLI(t, srv.URL, srv.Admin, "proposal", "ls")
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("tether proposal ls printed %d lines, want the header and two rows:\n%s", len(lines), out)
+	}
+	for _, l := range lines {
+		if termWidth(l) > 200 {
+			t.Fatalf("tether proposal ls printed a line %d columns wide (a rogue's reason widened the table):\n%s", termWidth(l), out)
+		}
+	}
+	var rogue, honest string
+	for _, l := range lines[1:] {
+		if strings.Contains(l, w.child.Node.NodeId) {
+			rogue = l
+		} else {
+			honest = l
+		}
+	}
+	if !strings.Contains(honest, "the parent's") {
+		t.Fatalf("the parent's row does not show its reason:\n%s", out)
+	}
+	if !strings.Contains(rogue, "calm") || !strings.Contains(rogue, "-o wide") {
+		t.Fatalf("the rogue's row does not show the start of its reason cut, with a marker naming -o wide:\n%s", out)
+	}
+	if strings.Contains(rogue, "calm  ") || strings.Contains(rogue, " end") {
+		t.Fatalf("the rogue's row shows its reason's spaces as a gap between cells, or its reason whole:\n%s", out)
+	}
+	// -o wide prints the reason whole (its spaces written out), -o json as
+	// written.
+	wide := mustCLI(t, srv.URL, srv.Admin, "proposal", "ls", "-o", "wide")
+	if !strings.Contains(wide, "calm"+strings.Repeat(`\x20`, 30)+"t_forged "+tail+" end") {
+		t.Fatalf("tether proposal ls -o wide does not print the rogue's reason whole:\n%s", wide)
+	}
+	if js := mustCLI(t, srv.URL, srv.Admin, "proposal", "ls", "-o", "json"); !strings.Contains(js, reason) {
+		t.Fatalf("tether proposal ls -o json does not carry the reason as written:\n%s", js)
+	}
+	// A table's first column, the row's id, is never cut: two long job ids
+	// that began alike would print alike.
+	job := "job-" + strings.Repeat("j", 120)
+	w.holdJobs(t, job)
+	if out := mustCLI(t, srv.URL, srv.Admin, "lease", "list"); !strings.Contains(out, job+"  ") {
+		t.Fatalf("tether lease list does not print the long job id whole:\n%s", out)
+	}
+}
