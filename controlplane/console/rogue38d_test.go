@@ -2,8 +2,12 @@ package console_test
 
 import (
 	"context"
+	"html"
 	"maps"
+	"net/http"
+	"strings"
 	"testing"
+	"unicode"
 
 	"connectrpc.com/connect"
 	"github.com/chromedp/chromedp"
@@ -49,4 +53,47 @@ func TestRogue38DQuickFindByIDFindsThatNodeAlone(t *testing.T) {
 	run(t, ctx, "find by name", chromedp.Evaluate[chromedp.Void](`document.querySelector("#quick").value = ""`), chromedp.SendKeys(chromedp.CSS("#quick"), "worker-2"),
 		chromedp.WaitVisible(chromedp.CSS(`li.n.hit[data-id="`+fake.Msg.Node.NodeId+`"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`li.n.hit[data-id="`+real+`"]`)))
+}
+
+// TestRogue38DAStackOfMarksCannotDrawOverOtherRows: the rogue proposes its
+// own stop with a reason of "ok" and five hundred combining marks (a
+// kilobyte), each drawn above or below the one before. A page showed them
+// as they were, and the browser stacked them over the rows above and
+// below the rogue's, striking through other nodes' cells (another
+// proposal's state, a record's UNACCOUNTED). A run of combining marks
+// longer than printable.MaxMarks is now written out past its first
+// MaxMarks (\u0300), as the CLI writes it.
+func TestRogue38DAStackOfMarksCannotDrawOverOtherRows(t *testing.T) {
+	w := newWorld(t)
+	var marks strings.Builder
+	for i := 0; marks.Len() < 1000; i++ {
+		marks.WriteRune(rune(0x300 + i%0x70))
+	}
+	if _, err := w.srv.Clients(w.creds["rogue"]).Agent.ProposeStop(context.Background(), connect.NewRequest(&tetherv1.ProposeStopRequest{
+		Condition: "calls>=1", Reason: "ok" + marks.String(),
+	})); err != nil {
+		t.Fatal(err)
+	}
+	b := newBrowser(t, w.srv.URL)
+	b.signIn(w.srv.Admin)
+	p := b.get("/ui/nodes/" + w.nodes["rogue"].NodeId)
+	if p.status != http.StatusOK {
+		t.Fatalf("the rogue's page: %d\n%s", p.status, p.body)
+	}
+	text := html.UnescapeString(p.body)
+	if !strings.Contains(text, `ok`) || !strings.Contains(text, `\u0300`) {
+		t.Fatalf("the rogue's page does not show its reason with its marks written out:\n%.3000s", text)
+	}
+	run, longest := 0, 0
+	for _, r := range text {
+		if unicode.In(r, unicode.Mn, unicode.Me) {
+			run++
+			longest = max(longest, run)
+		} else {
+			run = 0
+		}
+	}
+	if longest > 4 {
+		t.Fatalf("the rogue's page shows %d combining marks in a row, to be stacked over the rows beside its own", longest)
+	}
 }
