@@ -81,3 +81,55 @@ func TestRogue38DALongReasonCannotWidenTheOperatorsTable(t *testing.T) {
 		t.Fatalf("tether lease list does not print the long job id whole:\n%s", out)
 	}
 }
+
+// TestRogue38DAgentListNamesEachNodesAncestors: the rogue ("worker", under
+// root) spawns a child named "worker-2" with the real worker-2's labels.
+// `tether agent ls --selector role=worker`, what an operator stopping the
+// workers reads, printed each node's name, id and parent's id: the two
+// worker-2 rows read alike but for two ids, and the operator who stopped
+// "worker-2" from the listing could stop the rogue's child and leave the
+// real one running. Each row now names the node's ancestors, root first
+// (PATH), the impostor's root/worker, the real one's root.
+func TestRogue38DAgentListNamesEachNodesAncestors(t *testing.T) {
+	srv := testserver.Start(t)
+	ctx := context.Background()
+	w := startRogueWorld(t, srv)
+	root := w.child.Node.Ancestors[0]
+	labels := map[string]string{"role": "worker"}
+	real, err := w.parent.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root, Name: "worker-2", Labels: labels}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake, err := w.rogue.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: w.child.Node.NodeId, Name: "worker-2", Labels: labels}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"agent", "ls", "--selector", "role=worker"}, {"agent", "ls", "--root", root}} {
+		out := mustCLI(t, srv.URL, srv.Admin, args...)
+		lines := strings.Split(out, "\n")
+		if h := strings.Fields(lines[0]); len(h) < 3 || h[2] != "PATH" {
+			t.Fatalf("tether %s has no PATH column after the name:\n%s", strings.Join(args, " "), out)
+		}
+		row := func(id string) []string {
+			for _, l := range lines {
+				if f := strings.Fields(l); len(f) > 0 && f[0] == id {
+					return f
+				}
+			}
+			t.Fatalf("tether %s does not list %s:\n%s", strings.Join(args, " "), id, out)
+			return nil
+		}
+		if f := row(real.Msg.Node.NodeId); f[1] != "worker-2" || f[2] != "root" {
+			t.Fatalf("tether %s: the real worker-2's row %q, want its path root:\n%s", strings.Join(args, " "), f, out)
+		}
+		if f := row(fake.Msg.Node.NodeId); f[1] != "worker-2" || f[2] != "root/worker" {
+			t.Fatalf("tether %s: the rogue's worker-2's row %q, want its path root/worker:\n%s", strings.Join(args, " "), f, out)
+		}
+		if args[2] != "--root" {
+			continue
+		}
+		if f := row(root); f[2] != "-" {
+			t.Fatalf("tether %s: the root's row %q, want no path (-):\n%s", strings.Join(args, " "), f, out)
+		}
+	}
+}
