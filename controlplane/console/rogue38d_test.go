@@ -97,3 +97,43 @@ func TestRogue38DAStackOfMarksCannotDrawOverOtherRows(t *testing.T) {
 		t.Fatalf("the rogue's page shows %d combining marks in a row, to be stacked over the rows beside its own", longest)
 	}
 }
+
+// TestRogue38DFilteredViewNamesEachNodesAncestors: the rogue spawns a
+// child named "worker-2" with the real worker-2's labels. The tree's
+// filtered view (a label selector), what an operator stopping the workers
+// reads, showed each match's name, state, labels, id and parent's id: the
+// two worker-2 rows read alike but for two ids. Each row now names the
+// node's ancestors, root first: planner/worker-1/rogue for the impostor,
+// planner for the real one.
+func TestRogue38DFilteredViewNamesEachNodesAncestors(t *testing.T) {
+	w := newWorld(t)
+	fake, err := w.srv.Clients(w.creds["rogue"]).Agent.Spawn(context.Background(), connect.NewRequest(&tetherv1.SpawnRequest{
+		ParentNodeId: w.nodes["rogue"].NodeId, Name: "worker-2", Labels: w.nodes["worker-2"].Labels,
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newBrowser(t, w.srv.URL)
+	b.signIn(w.srv.Admin)
+	for _, q := range []string{"/ui/tree?selector=role%3Dworker", "/ui/tree?selector=role%3Dworker&root=" + w.nodes["planner"].NodeId} {
+		p := b.get(q)
+		if p.status != http.StatusOK {
+			t.Fatalf("%s: %d\n%s", q, p.status, p.body)
+		}
+		row := func(id string) string {
+			for _, tr := range strings.Split(p.body, "<tr") {
+				if strings.Contains(tr, "<code>"+id+"</code></td>") {
+					return tr
+				}
+			}
+			t.Fatalf("%s does not list %s:\n%s", q, id, p.body)
+			return ""
+		}
+		if r := row(w.nodes["worker-2"].NodeId); !strings.Contains(r, `<td class="path">planner</td>`) {
+			t.Fatalf("%s: the real worker-2's row does not name its path planner:\n%s", q, r)
+		}
+		if r := row(fake.Msg.Node.NodeId); !strings.Contains(r, `<td class="path">planner/worker-1/rogue</td>`) {
+			t.Fatalf("%s: the rogue's worker-2's row does not name its path planner/worker-1/rogue:\n%s", q, r)
+		}
+	}
+}
