@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -131,5 +134,70 @@ func TestRogue38DAgentListNamesEachNodesAncestors(t *testing.T) {
 		if f := row(root); f[2] != "-" {
 			t.Fatalf("tether %s: the root's row %q, want no path (-):\n%s", strings.Join(args, " "), f, out)
 		}
+	}
+}
+
+// TestRogue38DRecordListIsReadAPageAtATime: the rogue stops its own
+// children one at a time, each stop writing a record. `tether record ls`
+// read every page of records and printed them all, so an operator
+// looking for the record of their own stop waited for, and scrolled
+// past, every record the rogue had made (as many as its budget pays for,
+// for as long as it runs). It now prints --limit records (1,000) and the
+// --page-token of the next page, as `tether agent ls` does.
+func TestRogue38DRecordListIsReadAPageAtATime(t *testing.T) {
+	srv := testserver.Start(t)
+	ctx := context.Background()
+	w := startRogueWorld(t, srv)
+	const stops = 5
+	for i := range stops {
+		kid, err := w.rogue.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: w.child.Node.NodeId, Name: fmt.Sprintf("kid-%d", i)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		term, err := w.rogue.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+			NodeId: kid.Msg.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
+			CancelAckTimeout: durationpb.New(0), ConfirmTimeout: durationpb.New(0),
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		testserver.WaitFor(t, time.Minute, "the record of the rogue's stop", func() bool {
+			_, err := w.admin.Supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{TerminationId: term.Msg.Termination.TerminationId}))
+			return err == nil
+		})
+	}
+	seen := map[string]int{}
+	args := []string{"record", "ls", "--limit", "2"}
+	for pages := 0; ; pages++ {
+		if pages > stops {
+			t.Fatalf("tether record ls --limit 2 pages on past %d records: %v", stops, seen)
+		}
+		out := mustCLI(t, srv.URL, srv.Admin, args...)
+		lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+		more := ""
+		if last := lines[len(lines)-1]; strings.HasPrefix(last, "… more: ") {
+			more, lines = last, lines[:len(lines)-1]
+		}
+		if len(lines)-1 > 2 {
+			t.Fatalf("tether %s printed %d records, want at most 2:\n%s", strings.Join(args, " "), len(lines)-1, out)
+		}
+		for _, l := range lines[1:] {
+			seen[strings.Fields(l)[0]]++
+		}
+		if more == "" {
+			break
+		}
+		args = strings.Fields(strings.TrimPrefix(more, "… more: tether "))
+	}
+	if len(seen) != stops {
+		t.Fatalf("the pages of tether record ls --limit 2 listed %d records, want %d: %v", len(seen), stops, seen)
+	}
+	for r, n := range seen {
+		if n != 1 {
+			t.Fatalf("record %s listed %d times", r, n)
+		}
+	}
+	if _, err := cli(t, srv.URL, srv.Admin, "record", "ls", "--limit", "0"); err == nil || !strings.Contains(err.Error(), "--limit") {
+		t.Fatalf("tether record ls --limit 0: %v, want a refusal naming --limit", err)
 	}
 }
