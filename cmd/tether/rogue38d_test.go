@@ -201,3 +201,57 @@ func TestRogue38DRecordListIsReadAPageAtATime(t *testing.T) {
 		t.Fatalf("tether record ls --limit 0: %v, want a refusal naming --limit", err)
 	}
 }
+
+// TestRogue38DProposalListIsReadAPageAtATime: the rogue proposes its own
+// stop again each time it is rejected (a policy that rejects agents'
+// proposals does it at once), every decided proposal kept. `tether
+// proposal ls` read every page of proposals and printed them all, so the
+// pending proposal an operator had to decide was one line among every
+// proposal the rogue ever made. It now prints --limit proposals (1,000)
+// and the --page-token of the next page.
+func TestRogue38DProposalListIsReadAPageAtATime(t *testing.T) {
+	srv := testserver.Start(t)
+	ctx := context.Background()
+	w := startRogueWorld(t, srv)
+	const proposals = 5
+	for i := range proposals {
+		p, err := w.rogue.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{Condition: "calls>=1", Reason: fmt.Sprintf("again %d", i)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.admin.Supervisor.DecideProposal(ctx, connect.NewRequest(&tetherv1.DecideProposalRequest{ProposalId: p.Msg.Proposal.ProposalId, Approve: false, Reason: "no"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := map[string]int{}
+	args := []string{"proposal", "ls", "--limit", "2"}
+	for pages := 0; ; pages++ {
+		if pages > proposals {
+			t.Fatalf("tether proposal ls --limit 2 pages on past %d proposals: %v", proposals, seen)
+		}
+		out := mustCLI(t, srv.URL, srv.Admin, args...)
+		lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+		more := ""
+		if last := lines[len(lines)-1]; strings.HasPrefix(last, "… more: ") {
+			more, lines = last, lines[:len(lines)-1]
+		}
+		if len(lines)-1 > 2 {
+			t.Fatalf("tether %s printed %d proposals, want at most 2:\n%s", strings.Join(args, " "), len(lines)-1, out)
+		}
+		for _, l := range lines[1:] {
+			seen[strings.Fields(l)[0]]++
+		}
+		if more == "" {
+			break
+		}
+		args = strings.Fields(strings.TrimPrefix(more, "… more: tether "))
+	}
+	if len(seen) != proposals {
+		t.Fatalf("the pages of tether proposal ls --limit 2 listed %d proposals, want %d: %v", len(seen), proposals, seen)
+	}
+	for p, n := range seen {
+		if n != 1 {
+			t.Fatalf("proposal %s listed %d times", p, n)
+		}
+	}
+}
