@@ -184,8 +184,12 @@ func agentList(g *globals) *cobra.Command {
 					more = ""
 				}
 			}
-			if err := printList(g, cmd.OutOrStdout(), nodes, "NODE\tNAME\tPARENT\tSTATE\tLABELS", func(n *tetherv1.Node) []string {
-				return []string{n.NodeId, n.Name, orDash(n.ParentNodeId), tree.StateName(tree.NodeState(n.State)), formatLabels(n.Labels)}
+			var paths map[string]string
+			if asJSON, _ := g.wantJSON(); !asJSON {
+				paths = ancestorPaths(cmd.Context(), c, nodes)
+			}
+			if err := printList(g, cmd.OutOrStdout(), nodes, "NODE\tNAME\tPATH\tPARENT\tSTATE\tLABELS", func(n *tetherv1.Node) []string {
+				return []string{n.NodeId, n.Name, paths[n.NodeId], orDash(n.ParentNodeId), tree.StateName(tree.NodeState(n.State)), formatLabels(n.Labels)}
 			}); err != nil || more == "" {
 				return err
 			}
@@ -198,6 +202,50 @@ func agentList(g *globals) *cobra.Command {
 	cmd.Flags().IntVar(&limit, "limit", lsLimit, "print at most this many nodes (1 to 10000)")
 	cmd.Flags().StringVar(&token, "page-token", "", "the next page's token, as the previous page printed it")
 	return cmd
+}
+
+// maxPathReads bounds the nodes `agent ls` reads to name the ancestors
+// of a page's nodes that the page does not hold; past it an ancestor is
+// named by its id.
+const maxPathReads = 100
+
+// ancestorPaths names each node's ancestors, root first, by name and
+// separated by "/" (which no name holds), "-" for a root: names are not
+// unique, and a rogue's child named worker-2 with worker-2's labels read
+// in a listing as the real one but for two ids. An ancestor the page holds
+// is named from it, another read once (at most maxPathReads of them), one
+// not read (past the bound, or not the caller's to read) by its id.
+func ancestorPaths(ctx context.Context, c *clients, nodes []*tetherv1.Node) map[string]string {
+	names := make(map[string]string, len(nodes))
+	for _, n := range nodes {
+		names[n.NodeId] = n.Name
+	}
+	reads := 0
+	paths := make(map[string]string, len(nodes))
+	for _, n := range nodes {
+		if len(n.Ancestors) == 0 {
+			paths[n.NodeId] = "-"
+			continue
+		}
+		parts := make([]string, len(n.Ancestors))
+		for i, a := range n.Ancestors {
+			name, ok := names[a]
+			if !ok && reads < maxPathReads {
+				reads++
+				name = a
+				if got, err := c.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: a})); err == nil {
+					name = got.Msg.Node.Name
+				}
+				names[a], ok = name, true
+			}
+			if !ok {
+				name = a
+			}
+			parts[i] = name
+		}
+		paths[n.NodeId] = strings.Join(parts, "/")
+	}
+	return paths
 }
 
 func formatLabels(l map[string]string) string {

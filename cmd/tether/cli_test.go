@@ -70,7 +70,7 @@ func TestCLIHelpListsTheEnvironment(t *testing.T) {
 func TestOutputHelpListsTheCommandsFormats(t *testing.T) {
 	for args, want := range map[string]string{
 		"lease evidence --help": "output format: table, json or csv",
-		"agent ls --help":       "output format: table or json",
+		"agent ls --help":       "output format: table, wide (every table cell whole) or json",
 	} {
 		out, err := runCLI(t, strings.Fields(args)...)
 		if err != nil || !strings.Contains(out, want) {

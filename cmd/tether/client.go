@@ -195,10 +195,15 @@ func printedAsJSONList[M proto.Message](g *globals, w io.Writer, ms []M) (done b
 }
 
 // printList prints items as a JSON list under -o json, else as a table:
-// header, then row(item)'s cells for each item, each cell printable whole:
-// a tab in an agent's text is written out (\t) like any other control
-// character, never taken for the end of its cell (a rogue's stop reason
-// "calm\tt_forged" read as a TERMINATION column of its own).
+// header, then row(item)'s cells for each item, each cell as tableCell
+// shows it: printable whole (a tab in an agent's text is written out, \t,
+// like any other control character, never taken for the end of its cell:
+// a rogue's stop reason "calm\tt_forged" read as a TERMINATION column of
+// its own), its spaces that would read as a gap between cells written out,
+// and, unless -o wide, cut at maxCell columns — all but the first: each
+// table's first column is the row's id (a proposal's, a node's, a job's),
+// what the operator types into the next command, kept whole so that two
+// long job ids of an agent's never print alike.
 func printList[M proto.Message](g *globals, w io.Writer, items []M, header string, row func(M) []string) error {
 	if done, err := printedAsJSONList(g, w, items); done || err != nil {
 		return err
@@ -208,11 +213,42 @@ func printList[M proto.Message](g *globals, w io.Writer, items []M, header strin
 	for _, item := range items {
 		cells := row(item)
 		for i, c := range cells {
-			cells[i] = printable(c)
+			cells[i] = tableCell(c, i == 0 || g.output == "wide")
 		}
 		fmt.Fprintln(tw, strings.Join(cells, "\t"))
 	}
 	return tw.Flush()
+}
+
+// maxCell is the most columns a table cell takes unless -o wide: a column
+// is as wide as its widest cell, and a reason, a label set or an
+// expression of an agent's may be a kilobyte — a stop reason of 1 KiB made
+// every row of tether proposal ls 1,100 columns wide, its TERMINATION a
+// screen away and each row wrapped into lines that began mid-row.
+const maxCell = 60
+
+// cutMarker ends a cell cut at maxCell columns, naming what prints it whole.
+const cutMarker = "…(cut: -o wide)"
+
+// tableCell is s as a table cell shows it: printable, with a space at
+// either end or beside another written out (\x20), as a job id is — a run
+// of spaces inside an agent's text read as the gap between two cells, the
+// text after it as the next column's ("calm" and thirty spaces before
+// "t_forged" in a stop reason) — and, unless wide, cut to maxCell columns
+// with cutMarker.
+func tableCell(s string, wide bool) string {
+	s = printableJob(s)
+	if wide || termWidth(s) <= maxCell {
+		return s
+	}
+	keep := maxCell - termWidth(cutMarker)
+	n := 0
+	for i, r := range s {
+		if n += termWidth(string(r)); n > keep {
+			return s[:i] + cutMarker
+		}
+	}
+	return s
 }
 
 func (g *globals) printedJSON(print func() error) (done bool, err error) {
@@ -227,9 +263,9 @@ func (g *globals) wantJSON() (bool, error) {
 	switch g.output {
 	case "json":
 		return true, nil
-	case "table", "":
+	case "table", "wide", "":
 		return false, nil
 	default:
-		return false, fmt.Errorf("-o %q: want table or json", g.output)
+		return false, fmt.Errorf("-o %q: want table, wide or json", g.output)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 
 	"connectrpc.com/connect"
@@ -48,44 +49,82 @@ var recordRequesters = map[string]tetherv1.RecordRequester{
 	"rollout":  tetherv1.RecordRequester_RECORD_REQUESTER_ROLLOUT,
 }
 
+// recordsLimit is how many records `record ls` (and proposals `proposal
+// ls`) prints by default, from at most recordsCalls listings.
+const (
+	recordsLimit = 1000
+	recordsCalls = 20
+)
+
 func newRecordLsCommand(g *globals) *cobra.Command {
-	var treeNode, requestedBy string
+	var treeNode, requestedBy, token string
+	var limit int
 	cmd := &cobra.Command{
-		Use:   "ls",
-		Short: "List records (--tree, --requested-by: one tree's, one kind of requester's)",
+		Use:   "ls [--tree NODE] [--requested-by operator|agent|rollout] [--limit N] [--page-token T]",
+		Short: "List records, a page at a time (--tree, --requested-by: one tree's, one kind of requester's)",
 		Args:  cobra.NoArgs,
 		RunE: g.dialed(func(cmd *cobra.Command, _ []string, c *clients) error {
 			by, ok := recordRequesters[requestedBy]
 			if !ok {
 				return fmt.Errorf("--requested-by %q: want operator, agent or rollout", requestedBy)
 			}
-			recs, err := allPages(func(token string) ([]*tetherv1.ReconciliationRecord, string, error) {
-				resp, err := c.Supervisor.ListRecords(cmd.Context(), connect.NewRequest(&tetherv1.ListRecordsRequest{PageToken: token, TreeNodeId: treeNode, RequestedBy: by}))
+			if err := checkLimit(limit); err != nil {
+				return err
+			}
+			// A page at a time, never every record: an agent that stops
+			// its own children writes a record each time, and the listing
+			// read and printed them all.
+			var recs []*tetherv1.ReconciliationRecord
+			for calls := 0; calls < recordsCalls && len(recs) < limit; calls++ {
+				resp, err := c.Supervisor.ListRecords(cmd.Context(), connect.NewRequest(&tetherv1.ListRecordsRequest{PageToken: token, PageSize: int32(min(limit-len(recs), 100)), TreeNodeId: treeNode, RequestedBy: by}))
 				if err != nil {
-					return nil, "", err
+					return err
 				}
 				// A record too large to list whole is listed in part: read
 				// it whole, so its counts are right.
 				for i, r := range resp.Msg.Records {
 					if slices.Contains(resp.Msg.PartialRecordIds, r.RecordId) {
 						if resp.Msg.Records[i], err = agentsdk.ReadRecord(cmd.Context(), c.Supervisor, &tetherv1.GetRecordRequest{RecordId: r.RecordId}); err != nil {
-							return nil, "", err
+							return err
 						}
 					}
 				}
-				return resp.Msg.Records, resp.Msg.NextPageToken, nil
-			})
-			if err != nil {
-				return err
+				recs = append(recs, resp.Msg.Records...)
+				if token = resp.Msg.NextPageToken; token == "" {
+					break
+				}
 			}
-			return printList(g, cmd.OutOrStdout(), recs, "RECORD\tTERMINATION\tNODE\tMODE\tNODES\tUNACCOUNTED\tWRITTEN", func(r *tetherv1.ReconciliationRecord) []string {
+			more := ""
+			if token != "" {
+				more = "… more: tether record ls --page-token " + token
+				if treeNode != "" {
+					more += " --tree " + treeNode
+				}
+				if requestedBy != "" {
+					more += " --requested-by " + requestedBy
+				}
+				if limit != recordsLimit {
+					more += " --limit " + strconv.Itoa(limit)
+				}
+				if asJSON, _ := g.wantJSON(); asJSON {
+					fmt.Fprintln(cmd.ErrOrStderr(), more)
+					more = ""
+				}
+			}
+			if err := printList(g, cmd.OutOrStdout(), recs, "RECORD\tTERMINATION\tNODE\tMODE\tNODES\tUNACCOUNTED\tWRITTEN", func(r *tetherv1.ReconciliationRecord) []string {
 				_, unaccounted := countNodes(r)
 				return []string{r.RecordId, r.TerminationId, r.NodeId, modeName(r.Mode), fmt.Sprint(len(r.Nodes)), fmt.Sprint(unaccounted), r.WrittenAt.AsTime().Format("2006-01-02T15:04:05Z")}
-			})
+			}); err != nil || more == "" {
+				return err
+			}
+			_, err := fmt.Fprintln(cmd.OutOrStdout(), more)
+			return err
 		}),
 	}
 	cmd.Flags().StringVar(&treeNode, "tree", "", "only the records of this node's tree (any node id of it)")
 	cmd.Flags().StringVar(&requestedBy, "requested-by", "", "only the records of stops requested by: operator, agent or rollout")
+	cmd.Flags().IntVar(&limit, "limit", recordsLimit, "print at most this many records (1 to 10000)")
+	cmd.Flags().StringVar(&token, "page-token", "", "the next page's token, as the previous page printed it")
 	return cmd
 }
 
@@ -263,32 +302,63 @@ func newProposalCommand(g *globals) *cobra.Command {
 		c.Flags().StringVar(&reason, "reason", "", "why")
 		return c
 	}
-	var node string
+	var node, token string
 	var pending bool
+	var limit int
 	ls := &cobra.Command{
-		Use:   "ls",
-		Short: "List stop proposals",
+		Use:   "ls [--node NODE] [--pending] [--limit N] [--page-token T]",
+		Short: "List stop proposals, a page at a time",
 		Args:  cobra.NoArgs,
 		RunE: g.dialed(func(cmd *cobra.Command, _ []string, c *clients) error {
-			props, err := allPages(func(token string) ([]*tetherv1.StopProposal, string, error) {
-				req := &tetherv1.ListProposalsRequest{NodeId: node, PageToken: token}
+			if err := checkLimit(limit); err != nil {
+				return err
+			}
+			// A page at a time, never every proposal: decided ones are
+			// kept, and an agent proposing its stop again each time it is
+			// rejected grows them without end.
+			var props []*tetherv1.StopProposal
+			for calls := 0; calls < recordsCalls && len(props) < limit; calls++ {
+				req := &tetherv1.ListProposalsRequest{NodeId: node, PageToken: token, PageSize: int32(min(limit-len(props), 1000))}
 				if pending {
 					req.State = tetherv1.ProposalState_PROPOSAL_STATE_PENDING
 				}
 				resp, err := c.Supervisor.ListProposals(cmd.Context(), connect.NewRequest(req))
 				if err != nil {
-					return nil, "", err
+					return err
 				}
-				return resp.Msg.Proposals, resp.Msg.NextPageToken, nil
-			})
-			if err != nil {
+				props = append(props, resp.Msg.Proposals...)
+				if token = resp.Msg.NextPageToken; token == "" {
+					break
+				}
+			}
+			more := ""
+			if token != "" {
+				more = "… more: tether proposal ls --page-token " + token
+				if node != "" {
+					more += " --node " + node
+				}
+				if pending {
+					more += " --pending"
+				}
+				if limit != recordsLimit {
+					more += " --limit " + strconv.Itoa(limit)
+				}
+				if asJSON, _ := g.wantJSON(); asJSON {
+					fmt.Fprintln(cmd.ErrOrStderr(), more)
+					more = ""
+				}
+			}
+			if err := printList(g, cmd.OutOrStdout(), props, "PROPOSAL\tNODE\tSTATE\tCONDITION\tREASON\tTERMINATION", func(p *tetherv1.StopProposal) []string {
+				return []string{p.ProposalId, p.NodeId, lower(p.State.String(), "PROPOSAL_STATE_"), orDash(p.Condition), orDash(p.Reason), orDash(p.TerminationId)}
+			}); err != nil || more == "" {
 				return err
 			}
-			return printList(g, cmd.OutOrStdout(), props, "PROPOSAL\tNODE\tSTATE\tCONDITION\tREASON\tTERMINATION", func(p *tetherv1.StopProposal) []string {
-				return []string{p.ProposalId, p.NodeId, lower(p.State.String(), "PROPOSAL_STATE_"), orDash(p.Condition), orDash(p.Reason), orDash(p.TerminationId)}
-			})
+			_, err := fmt.Fprintln(cmd.OutOrStdout(), more)
+			return err
 		}),
 	}
+	ls.Flags().IntVar(&limit, "limit", recordsLimit, "print at most this many proposals (1 to 10000)")
+	ls.Flags().StringVar(&token, "page-token", "", "the next page's token, as the previous page printed it")
 	ls.Flags().StringVar(&node, "node", "", "only this node's proposals (its pending ones are read from their own index)")
 	ls.Flags().BoolVar(&pending, "pending", false, "only the proposals waiting for a decision, agents' and stop rules' (read from their own index)")
 	cmd.AddCommand(ls, decide(true), decide(false))

@@ -43,7 +43,7 @@ func newRootCommand() *cobra.Command {
 	f.StringVar(&g.token, "token", "", "bearer token; see ENVIRONMENT in tether --help for where the CLI looks without it")
 	f.StringVar(&g.tokenFile, "token-file", "", "file holding the bearer token")
 	f.StringVar(&g.dataDir, "data-dir", envOr("TETHER_DATA_DIR", "./tether-data"), "data directory (serve; and where the CLI finds the local admin token) ($TETHER_DATA_DIR)")
-	f.StringVarP(&g.output, "output", "o", "table", "output format: table or json (each command's --help lists the formats it takes)")
+	f.StringVarP(&g.output, "output", "o", "table", "output format: table, wide (every table cell whole) or json (each command's --help lists the formats it takes)")
 	f.StringVar(&g.tlsCA, "tls-ca", envOr("TETHER_TLS_CA", ""), "PEM CA that signed the server's certificate, for an https:// --addr (default: the system roots; $TETHER_TLS_CA)")
 	f.StringVar(&g.tlsClientCert, "tls-client-cert", envOr("TETHER_TLS_CLIENT_CERT", ""), "client certificate (PEM) to present to a server that requires one ($TETHER_TLS_CLIENT_CERT)")
 	f.StringVar(&g.tlsClientKey, "tls-client-key", envOr("TETHER_TLS_CLIENT_KEY", ""), "the client certificate's private key (PEM; $TETHER_TLS_CLIENT_KEY)")
@@ -71,7 +71,7 @@ func newRootCommand() *cobra.Command {
 }
 
 // outputFormats is the annotation a command sets when it takes formats
-// other than table and json (lease evidence: csv too).
+// other than table, wide and json (lease evidence: csv too).
 const outputFormats = "output-formats"
 
 // helpWithOutputFormats makes each command's help list the -o formats that
@@ -81,7 +81,7 @@ func helpWithOutputFormats(root *cobra.Command) {
 	root.SetHelpFunc(func(c *cobra.Command, args []string) {
 		if f := c.Flags().Lookup("output"); f != nil {
 			usage := f.Usage
-			formats := "table or json"
+			formats := "table, wide (every table cell whole) or json"
 			if v, ok := c.Annotations[outputFormats]; ok {
 				formats = v
 			}

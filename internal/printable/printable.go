@@ -56,12 +56,22 @@ func Escape(r rune) string {
 	return q[1 : len(q)-1]
 }
 
+// MaxMarks is how many combining marks (Unicode's Mn and Me) in a row are
+// shown as they are; the later marks of a longer run are written out. A
+// page or a terminal draws each mark over the one before, above or below
+// its letter, so a rogue's reason of "ok" and five hundred marks was drawn
+// as a column of ink over the rows above and below its own, striking
+// through other nodes' cells. Text in any script holds a few marks on a
+// letter at most (Vietnamese two, Hebrew and Thai three or four).
+const MaxMarks = 4
+
 // String is s with every Hidden character written out (Escape), but for
 // the ASCII characters in keep, shown as they are (the console keeps line
 // breaks and tabs, which its pages show as such; a CLI table row keeps its
 // tabs, which separate its cells); and with every character written out
 // that makes a word read as another (lookalike.go: "\u0458ob-1" for a
-// Cyrillic "јob-1"). s is returned as it is when it has nothing to write
+// Cyrillic "јob-1"), and every combining mark past the first MaxMarks of
+// a run of them. s is returned as it is when it has nothing to write
 // out, with a fast path for ASCII: a 10,000-node tree page is 2.6 MB,
 // nearly all of it ASCII.
 func String(s, keep string) string {
@@ -72,13 +82,20 @@ func String(s, keep string) string {
 	b.Grow(len(s) + 16)
 	prev := rune(0)
 	otherWord, wordEnd := false, 0
+	marks := 0
 	for i, r := range s {
 		if i >= wordEnd && word(r) {
 			wordEnd = i + wordLen(s[i:])
 			otherWord = readsAsOther(s[i:wordEnd])
 		}
+		if r >= utf8.RuneSelf && unicode.In(r, unicode.Mn, unicode.Me) {
+			marks++
+		} else {
+			marks = 0
+		}
 		switch {
 		case Hidden(prev, r) && !kept(r, keep),
+			marks > MaxMarks,
 			r >= utf8.RuneSelf && i < wordEnd && (otherWord || styled(r)):
 			b.WriteString(Escape(r))
 		default:

@@ -71,3 +71,22 @@ func TestStringWritesOutLettersThatReadAsOthers(t *testing.T) {
 		}
 	}
 }
+
+// TestRogue38DStringWritesOutAStackOfMarks: a run of combining marks is
+// shown up to MaxMarks and written out past them; a page drew a rogue's
+// five hundred marks as a column of ink over the rows beside its own.
+func TestRogue38DStringWritesOutAStackOfMarks(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"e\u0301", "e\u0301"},
+		{"Vi\u1ec7t", "Vi\u1ec7t"},
+		{"Vie\u0323\u0302t", "Vie\u0323\u0302t"},                             // decomposed: two marks
+		{"\u05e9\u05bc\u05c1\u05b8\u0591", "\u05e9\u05bc\u05c1\u05b8\u0591"}, // Hebrew: four marks
+		{"ok\u0300\u0301\u0302\u0303\u0304\u0305\u0306", "ok\u0300\u0301\u0302\u0303" + `\u0304\u0305\u0306`},
+		{"a\u0300\u0301\u0302\u0303\u0304 b\u0300", "a\u0300\u0301\u0302\u0303" + `\u0304` + " b\u0300"},
+		{"o\u20dd\u20dd\u20dd\u20dd\u20dd", "o\u20dd\u20dd\u20dd\u20dd" + `\u20dd`},
+	} {
+		if got := String(tc.in, ""); got != tc.want {
+			t.Errorf("String(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
