@@ -103,11 +103,7 @@ func (r *Rules) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// A pass ended by a watch that fell behind (a rogue flooding the store
-	// with writes can make it) starts again from a scan: the trees' debts
-	// outlive it, else each rescan would clear the rogue's and give its
-	// tree's evaluations the next turns again.
-	defer func() { r.debts = ix.dirty.debts() }()
+	defer r.endPass(ctx, ix)
 	tick := r.Tick
 	if tick <= 0 {
 		tick = DefaultTick
@@ -159,6 +155,15 @@ func (r *Rules) run(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// endPass keeps what the next pass needs of ix when Run's pass ends. A
+// pass ended by a watch that fell behind (a rogue flooding the store with
+// writes can make it) starts again from a scan: the trees' debts outlive
+// it, else each rescan would clear the rogue's and give its tree's
+// evaluations the next turns again.
+func (r *Rules) endPass(_ context.Context, ix *index) {
+	r.debts = ix.dirty.debts()
 }
 
 // DefaultTick is how often polled rules are evaluated again: their values
