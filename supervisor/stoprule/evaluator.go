@@ -79,6 +79,9 @@ type index struct {
 	// peakRisen those whose count rose above the peak the store holds
 	// (savePeaks).
 	peakStart, peakRisen map[string]bool
+	// peakSaveWait is set when a write of the peaks failed: the next is
+	// tried at the next tick (or as the pass ends), not every round.
+	peakSaveWait bool
 	// tickVisits counts the nodes the last tick's markTimed looked at.
 	tickVisits int
 	// subtreeLooks counts what markForSubtree looked at, for tests.
@@ -145,7 +148,9 @@ func (r *Rules) run(ctx context.Context) error {
 		// nodes' evaluations (peakStart), and the peaks that rose are
 		// kept in the store.
 		r.startPeaks(ctx, ix)
-		r.savePeaks(ctx, ix)
+		if !ix.peakSaveWait {
+			ix.peakSaveWait = r.savePeaks(ctx, ix) != nil
+		}
 		if ix.dirty.len() > 0 {
 			if err := r.evaluateDirty(ctx, ix, evaluateSlice); err != nil {
 				return err
@@ -164,6 +169,7 @@ func (r *Rules) run(ctx context.Context) error {
 			err = r.take(ix, nodesW, batch, ok)
 		case <-ticker.C():
 			ticker.Reset(tick)
+			ix.peakSaveWait = false
 			ix.markTimed()
 			for id := range ix.retry {
 				ix.markNode(id)
@@ -192,7 +198,7 @@ func (r *Rules) endPass(ctx context.Context, ix *index) {
 	r.peaks = ix.peaks
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), peakSaveTimeout)
 	defer cancel()
-	r.savePeaks(sctx, ix)
+	_ = r.savePeaks(sctx, ix) // logged; the next pass tries again
 }
 
 // logger is r.Log, or a logger that discards when none is set (a test
@@ -282,8 +288,8 @@ func readSubtreePeaks(tx store.ReadTxn, ids []string, counts map[string]*subtree
 
 // savePeaks writes to the store the peaks that rose above what it holds
 // (peakRisen), a transaction per peakBatch nodes. A failed write leaves
-// them for the next round.
-func (r *Rules) savePeaks(ctx context.Context, ix *index) {
+// them for the next try, and says why.
+func (r *Rules) savePeaks(ctx context.Context, ix *index) error {
 	for len(ix.peakRisen) > 0 {
 		batch := map[string]*subtreePeak{}
 		for id := range ix.peakRisen {
@@ -297,17 +303,18 @@ func (r *Rules) savePeaks(ctx context.Context, ix *index) {
 			}
 		}
 		if len(batch) == 0 {
-			return
+			return nil
 		}
 		if err := r.Store.Update(ctx, func(tx store.Txn) error { return savePeaksIn(tx, batch) }); err != nil {
-			r.logger().Warn("stop rules: keeping the subtrees' peaks of calls in flight failed; retrying", "error", err)
-			return
+			r.logger().Warn("stop rules: keeping the subtrees' peaks of calls in flight failed; retrying at the next tick", "error", err)
+			return err
 		}
 		for id, p := range batch {
 			p.saved = max(p.saved, p.now())
 			delete(ix.peakRisen, id)
 		}
 	}
+	return nil
 }
 
 // DefaultTick is how often polled rules are evaluated again: their values
