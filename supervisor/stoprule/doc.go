@@ -67,11 +67,14 @@
 //     rules on call time are evaluated again every Tick at the nodes
 //     whose last evaluation found calls open in their subtree.
 //   - subtree_calls_in_flight_max is the evaluator's own count (peak.go):
-//     at a node where a rule reading it is evaluated, it starts from that
-//     evaluation's snapshot and takes each later change of the node's
-//     records from its watch, in commit order, so a burst begun and ended
-//     across the children between two evaluations is seen at its peak
-//     (since the count began: a restart starts it again from the level).
+//     at a node where a rule reading it is in effect, it starts as soon
+//     as the evaluator reads the rule or the node (startPeaks, before any
+//     evaluation), from a snapshot, and takes each later change of the
+//     node's records from its watch, in commit order, so a burst begun
+//     and ended across the children between two evaluations is seen at
+//     its peak. The peak is kept in the store as it rises (stoprulespeak/,
+//     which a new leader and TestStopRule read), and a pass ended by a
+//     watch that fell behind hands its counts to the next (endPass).
 //   - A rule that is true files its proposal and its fired mark in one
 //     transaction (file), so it fires once per node, across crashes and
 //     leader changes; the policy's decision, and the termination it

@@ -68,6 +68,20 @@ type index struct {
 	// rule reading subtree_calls_in_flight_max was evaluated, from each
 	// change of its records (peak.go).
 	peaks map[string]*subtreePeak
+	// peakAt counts the rules reading subtree_calls_in_flight_max attached
+	// to each node, peakSel the selector rules reading it: a node where one
+	// is in effect has its count started as soon as the evaluator learns
+	// of it (peakStart), not at its first evaluation, which the rogue's
+	// own tree's turns make as late as it likes.
+	peakAt  map[string]int
+	peakSel int
+	// peakStart holds the nodes whose count is to start (startPeaks);
+	// peakRisen those whose count rose above the peak the store holds
+	// (savePeaks).
+	peakStart, peakRisen map[string]bool
+	// peakSaveWait is set when a write of the peaks failed: the next is
+	// tried at the next tick (or as the pass ends), not every round.
+	peakSaveWait bool
 	// tickVisits counts the nodes the last tick's markTimed looked at.
 	tickVisits int
 	// subtreeLooks counts what markForSubtree looked at, for tests.
@@ -103,11 +117,7 @@ func (r *Rules) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// A pass ended by a watch that fell behind (a rogue flooding the store
-	// with writes can make it) starts again from a scan: the trees' debts
-	// outlive it, else each rescan would clear the rogue's and give its
-	// tree's evaluations the next turns again.
-	defer func() { r.debts = ix.dirty.debts() }()
+	defer r.endPass(ctx, ix)
 	tick := r.Tick
 	if tick <= 0 {
 		tick = DefaultTick
@@ -134,10 +144,20 @@ func (r *Rules) run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		// The counts of the subtrees' calls in flight start before their
+		// nodes' evaluations (peakStart), and the peaks that rose are
+		// kept in the store.
+		r.startPeaks(ctx, ix)
+		if !ix.peakSaveWait {
+			ix.peakSaveWait = r.savePeaks(ctx, ix) != nil
+		}
 		if ix.dirty.len() > 0 {
 			if err := r.evaluateDirty(ctx, ix, evaluateSlice); err != nil {
 				return err
 			}
+			continue
+		}
+		if len(ix.peakStart) > 0 {
 			continue
 		}
 		select {
@@ -149,6 +169,7 @@ func (r *Rules) run(ctx context.Context) error {
 			err = r.take(ix, nodesW, batch, ok)
 		case <-ticker.C():
 			ticker.Reset(tick)
+			ix.peakSaveWait = false
 			ix.markTimed()
 			for id := range ix.retry {
 				ix.markNode(id)
@@ -159,6 +180,141 @@ func (r *Rules) run(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// endPass keeps what the next pass needs of ix when Run's pass ends. A
+// pass ended by a watch that fell behind (a rogue flooding the store with
+// writes can make it) starts again from a scan: the trees' debts outlive
+// it, else each rescan would clear the rogue's and give its tree's
+// evaluations the next turns again.
+//
+// Its counts of the subtrees' calls in flight outlive it too: the next
+// scan starts each from its own snapshot at the peak this one reached
+// (subtreePeak.carry), and the peaks that rose are written to the store
+// (for a next leader), else a rogue that made the watch fall behind after
+// its burst had it forgotten.
+func (r *Rules) endPass(ctx context.Context, ix *index) {
+	r.debts = ix.dirty.debts()
+	r.peaks = ix.peaks
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), peakSaveTimeout)
+	defer cancel()
+	_ = r.savePeaks(sctx, ix) // logged; the next pass tries again
+}
+
+// logger is r.Log, or a logger that discards when none is set (a test
+// that drives the evaluator's parts without Run).
+func (r *Rules) logger() *slog.Logger {
+	if r.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return r.Log
+}
+
+// peakSaveTimeout bounds the write of the peaks as a pass ends (the
+// leader's context may be done: its lead lost).
+const peakSaveTimeout = 5 * time.Second
+
+// peakBatch is how many counts startPeaks reads, or savePeaks writes, in
+// one transaction.
+const peakBatch = 256
+
+// startPeaks starts the counts of up to peakBatch nodes marked for one
+// (peakStart), each from a snapshot of its records, in one transaction;
+// Run's loop goes round again while some are marked, the watches read
+// between two batches. When the transaction fails each node is read in
+// one of its own, and a node whose read fails is left to start at its
+// first evaluation (which reports the failure and retries as evaluations
+// do): a record that does not decode keeps no other node's count from
+// starting, nor the loop turning.
+func (r *Rules) startPeaks(ctx context.Context, ix *index) {
+	var ids []string
+	for id := range ix.peakStart {
+		if _, ok := ix.nodes[id]; !ok || ix.peaks[id] != nil {
+			delete(ix.peakStart, id)
+			continue
+		}
+		if ids = append(ids, id); len(ids) == peakBatch {
+			break
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	counts := map[string]*subtreePeak{}
+	err := r.Store.View(ctx, func(tx store.ReadTxn) error { return readSubtreePeaks(tx, ids, counts) })
+	if err != nil {
+		clear(counts)
+		for _, id := range ids {
+			err := r.Store.View(ctx, func(tx store.ReadTxn) error { return readSubtreePeaks(tx, []string{id}, counts) })
+			if err != nil {
+				delete(counts, id)
+				r.logger().Warn("stop rules: reading the subtree's calls in flight failed; its count starts at its evaluation", "node_id", id, "error", err)
+			}
+		}
+	}
+	for _, id := range ids {
+		delete(ix.peakStart, id)
+		if p := counts[id]; p != nil {
+			ix.peaks[id] = p
+			if p.now() > p.saved {
+				ix.peakRisen[id] = true
+			}
+		}
+	}
+}
+
+// readSubtreePeaks starts a count for each of ids from tx into counts
+// (their reads fetched together).
+func readSubtreePeaks(tx store.ReadTxn, ids []string, counts map[string]*subtreePeak) error {
+	keys, prefixes := make([][]byte, 0, 2*len(ids)), make([][]byte, 0, len(ids))
+	for _, id := range ids {
+		keys = append(keys, obsKey(id), peakKey(id))
+		prefixes = append(prefixes, subPrefix(id))
+	}
+	if err := store.Prefetch(tx, keys, prefixes); err != nil {
+		return err
+	}
+	for _, id := range ids {
+		own, err := storedObs(tx, id)
+		if err != nil {
+			return err
+		}
+		if counts[id], err = readSubtreePeak(tx, id, own); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// savePeaks writes to the store the peaks that rose above what it holds
+// (peakRisen), a transaction per peakBatch nodes. A failed write leaves
+// them for the next try, and says why.
+func (r *Rules) savePeaks(ctx context.Context, ix *index) error {
+	for len(ix.peakRisen) > 0 {
+		batch := map[string]*subtreePeak{}
+		for id := range ix.peakRisen {
+			if p := ix.peaks[id]; p != nil && p.now() > p.saved {
+				batch[id] = p
+			} else {
+				delete(ix.peakRisen, id)
+			}
+			if len(batch) == peakBatch {
+				break
+			}
+		}
+		if len(batch) == 0 {
+			return nil
+		}
+		if err := r.Store.Update(ctx, func(tx store.Txn) error { return savePeaksIn(tx, batch) }); err != nil {
+			r.logger().Warn("stop rules: keeping the subtrees' peaks of calls in flight failed; retrying at the next tick", "error", err)
+			return err
+		}
+		for id, p := range batch {
+			p.saved = max(p.saved, p.now())
+			delete(ix.peakRisen, id)
+		}
+	}
+	return nil
 }
 
 // DefaultTick is how often polled rules are evaluated again: their values
@@ -180,7 +336,8 @@ const evaluateSlice = 256
 func (r *Rules) load(ctx context.Context) (*index, error) {
 	ix := &index{byNode: map[string][]*activeRule{}, selectors: map[string]*activeRule{}, byID: map[string]*activeRule{},
 		nodes: map[string]nodeInfo{}, children: map[string]map[string]bool{}, dirty: newFairQueue(), retry: map[string]bool{}, open: map[string]bool{},
-		judgedBelow: map[string]int{}, peaks: map[string]*subtreePeak{}, timedAt: map[string]int{}, subAt: map[string]int{}}
+		judgedBelow: map[string]int{}, peaks: map[string]*subtreePeak{}, timedAt: map[string]int{}, subAt: map[string]int{},
+		peakAt: map[string]int{}, peakStart: map[string]bool{}, peakRisen: map[string]bool{}}
 	var rules []*Rule
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
@@ -188,7 +345,7 @@ func (r *Rules) load(ctx context.Context) (*index, error) {
 			return err
 		}
 		ix.nodesRev = tx.Revision()
-		return tx.Scan([]byte(tree.NodePrefix), nil, func(_, v []byte) error {
+		err = tx.Scan([]byte(tree.NodePrefix), nil, func(_, v []byte) error {
 			n := &tree.Node{}
 			if err := tree.UnmarshalNode(v, n); err != nil {
 				return err
@@ -196,10 +353,49 @@ func (r *Rules) load(ctx context.Context) (*index, error) {
 			ix.putNode(n)
 			return nil
 		})
+		if err != nil {
+			return err
+		}
+		// The last pass's counts go on from this snapshot, read in the
+		// scan's transaction: a change after the watch began is counted
+		// by this pass (a burst the rogue began and ended right after
+		// the rescan it forced), not only from each node's first
+		// evaluation.
+		var ids []string
+		for id := range r.peaks {
+			if _, ok := ix.nodes[id]; ok {
+				ids = append(ids, id)
+			}
+		}
+		for len(ids) > 0 {
+			n := min(len(ids), peakBatch)
+			if err := readSubtreePeaks(tx, ids[:n], ix.peaks); err != nil {
+				// One by one: a record that does not decode keeps no
+				// other count from going on, nor the pass from starting
+				// (that node's count starts at its evaluation, which
+				// reports the failure).
+				for _, id := range ids[:n] {
+					delete(ix.peaks, id)
+					if err := readSubtreePeaks(tx, []string{id}, ix.peaks); err != nil {
+						delete(ix.peaks, id)
+						r.logger().Warn("stop rules: reading the subtree's calls in flight failed; its count starts at its evaluation", "node_id", id, "error", err)
+					}
+				}
+			}
+			ids = ids[n:]
+		}
+		for id, p := range ix.peaks {
+			p.carry(r.peaks[id])
+			if p.now() > p.saved {
+				ix.peakRisen[id] = true
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
+	r.peaks = nil
 	// A rule attached to a node whose whole subtree has terminated is in
 	// effect at no node ever judged again (a terminated node spawns no
 	// child): it is not compiled nor held. Else a rogue that gave each
@@ -226,6 +422,11 @@ func (ix *index) putNode(n *tree.Node) {
 		return
 	}
 	if _, known := ix.nodes[n.NodeID]; !known {
+		defer func() {
+			if ix.peaks[n.NodeID] == nil && ix.readsPeak(n.NodeID) {
+				ix.peakStart[n.NodeID] = true
+			}
+		}()
 		ix.judgedBelow[n.NodeID]++
 		for i, anc := range n.Ancestors {
 			ix.judgedBelow[anc]++
@@ -263,6 +464,8 @@ func (ix *index) dropNode(id string) {
 	delete(ix.nodes, id)
 	delete(ix.open, id)
 	delete(ix.peaks, id)
+	delete(ix.peakStart, id)
+	delete(ix.peakRisen, id)
 	if !known {
 		return
 	}
@@ -303,13 +506,18 @@ func judged(n *tree.Node) bool {
 
 // markSubtree marks the running nodes of root's subtree (a rule attached
 // there was added): a walk of the subtree, not of every node, so an agent
-// adding rules to itself costs in proportion to its own subtree.
-func (ix *index) markSubtree(root string) {
+// adding rules to itself costs in proportion to its own subtree. For a
+// rule reading the subtree's peak of calls in flight (peak), it marks the
+// nodes without a count for one too.
+func (ix *index) markSubtree(root string, peak bool) {
 	stack := []string{root}
 	for len(stack) > 0 {
 		id := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
 		ix.markNode(id)
+		if _, ok := ix.nodes[id]; ok && peak && ix.peaks[id] == nil {
+			ix.peakStart[id] = true
+		}
 		for c := range ix.children[id] {
 			stack = append(stack, c)
 		}
@@ -344,18 +552,29 @@ func (r *Rules) putRule(ix *index, rule *Rule) {
 			ix.subSel++
 		}
 	}
+	peak := a.compiled.UsesSubtreePeak
+	if peak {
+		if rule.NodeID != "" {
+			ix.peakAt[rule.NodeID]++
+		} else {
+			ix.peakSel++
+		}
+	}
 	if rule.NodeID != "" {
 		ix.byNode[rule.NodeID] = append(ix.byNode[rule.NodeID], a)
 	} else {
 		ix.selectors[rule.RuleID] = a
 	}
 	if rule.NodeID != "" {
-		ix.markSubtree(rule.NodeID)
+		ix.markSubtree(rule.NodeID, peak)
 		return
 	}
 	for id, n := range ix.nodes {
 		if ix.appliesTo(a, id, n) {
 			ix.dirty.mark(rootOf(id, n.ancestors), id)
+			if peak && ix.peaks[id] == nil {
+				ix.peakStart[id] = true
+			}
 		}
 	}
 }
@@ -380,6 +599,9 @@ func (ix *index) removeRule(ruleID string) {
 	}
 	if a.compiled.UsesSubtree {
 		uncount(ix.subAt, &ix.subSel, a.rule.NodeID)
+	}
+	if a.compiled.UsesSubtreePeak {
+		uncount(ix.peakAt, &ix.peakSel, a.rule.NodeID)
 	}
 	if list := ix.byNode[a.rule.NodeID]; len(list) > 0 {
 		out := list[:0:0]
@@ -530,6 +752,9 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 			ix.markNode(id)
 			if p := ix.peaks[id]; p != nil {
 				p.takeOwn(ev)
+				if p.now() > p.saved {
+					ix.peakRisen[id] = true
+				}
 			}
 		case isUnder(ev.Key, prefixGrow):
 			ix.markNode(keyNode(ev.Key, prefixGrow))
@@ -541,6 +766,9 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 			ix.markForSubtree(id)
 			if p := ix.peaks[id]; p != nil {
 				p.takeShard(tail(ev.Key, prefixSub+id+"/"), ev)
+				if p.now() > p.saved {
+					ix.peakRisen[id] = true
+				}
 			}
 		case isUnder(ev.Key, prefixSubSelf):
 			ix.markForSubtree(keyNode(ev.Key, prefixSubSelf))
@@ -610,6 +838,27 @@ func (ix *index) markForSubtree(id string) {
 	}
 }
 
+// readsPeak reports whether a rule reading subtree_calls_in_flight_max is
+// in effect at node id: one attached to it or an ancestor (a lookup a
+// level), or a selector rule matching it.
+func (ix *index) readsPeak(id string) bool {
+	n, ok := ix.nodes[id]
+	if !ok {
+		return false
+	}
+	if ix.peakAt[id] > 0 || slices.ContainsFunc(n.ancestors, func(anc string) bool { return ix.peakAt[anc] > 0 }) {
+		return true
+	}
+	if ix.peakSel > 0 {
+		for _, a := range ix.selectors {
+			if a.compiled.UsesSubtreePeak && ix.selected(a, n) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func (ix *index) markNode(id string) {
 	if n, ok := ix.nodes[id]; ok {
 		ix.dirty.mark(rootOf(id, n.ancestors), id)
@@ -640,6 +889,9 @@ func (r *Rules) evaluateDirty(ctx context.Context, ix *index, limit int) error {
 			return 0, agentsToo, nil
 		}
 		cost, open, err := r.evaluateNodeOpen(ctx, id, rules, ix.peaks)
+		if p := ix.peaks[id]; p != nil && p.now() > p.saved {
+			ix.peakRisen[id] = true
+		}
 		switch open {
 		case openSome:
 			ix.open[id] = true
@@ -737,12 +989,17 @@ func (r *Rules) evaluateNodeOpen(ctx context.Context, nodeID string, rules []*ac
 		if stored, self, decoded, err = readNodeTools(tx, nodeID, tools); err != nil {
 			return err
 		}
-		if peaked && peaks != nil && peaks[nodeID] == nil {
-			p, err := readSubtreePeak(tx, nodeID, stored.CallsInFlight)
-			if err != nil {
+		if peaked {
+			if err := peakFloor(tx, nodeID, stored); err != nil {
 				return err
 			}
-			peaks[nodeID] = p
+			if peaks != nil && peaks[nodeID] == nil {
+				p, err := readSubtreePeak(tx, nodeID, stored)
+				if err != nil {
+					return err
+				}
+				peaks[nodeID] = p
+			}
 		}
 		if callTime {
 			if openRead, err = readOwnOpenCalls(tx, nodeID, stored); err != nil {

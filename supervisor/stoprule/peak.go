@@ -1,6 +1,11 @@
 package stoprule
 
 import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/tetherhq/tether/internal/store"
@@ -22,13 +27,23 @@ import (
 // watch hands it every change of those records, with its value and in
 // commit order, so it adds them up as they come.
 //
-// It starts from the first evaluation of a rule reading the peak at the
-// node (a snapshot at revision rev: every record's open calls then), and
-// takes the changes committed after it. The peak since the evaluator
-// started: a restart, a leader change or a rescan starts it again from the
-// level. The changes of one revision are taken together (a backend may
-// commit a call's end and another's begin as one): the level is a peak
-// candidate only between revisions.
+// It starts from a snapshot at revision rev (every record's open calls
+// then), and takes the changes committed after it. The changes of one
+// revision are taken together (a backend may commit a call's end and
+// another's begin as one): the level is a peak candidate only between
+// revisions.
+//
+// It outlives the evaluator's pass and the evaluator (thirty-eighth
+// pass): a count starts no lower than the peak the evaluator kept in the
+// store (peakKey, written as it rises: a new leader's, a restarted
+// evaluator's count goes on from it) nor than the node's own
+// calls_in_flight_max (a subtree's level is never below its root's own);
+// a pass ended by a watch that fell behind (which a rogue flooding the
+// store can cause) hands its counts to the next, whose scan starts each
+// again from its own snapshot at the peak the last one reached (carry).
+// Else the rogue that made the watch fall behind between its burst and
+// the evaluation of its nodes (late as its own tree's turns make it) had
+// the burst forgotten, and one right after the rescan not counted at all.
 type subtreePeak struct {
 	base   uint64            // the snapshot's revision: its changes are held already
 	rev    uint64            // the latest revision taken
@@ -36,6 +51,7 @@ type subtreePeak struct {
 	shards map[string]uint64 // open calls by shard record (key tail), none when 0
 	level  int64             // own and the shards' added up
 	peak   int64             // the highest level between revisions
+	saved  int64             // the peak the store holds (peakKey)
 }
 
 // newSubtreePeak starts a count from a snapshot at revision rev: the
@@ -50,8 +66,10 @@ func newSubtreePeak(rev uint64, own int64, shards map[string]uint64) *subtreePea
 }
 
 // readSubtreePeak starts the count of nodeID's subtree calls in flight
-// from tx: own is the node's own calls in flight, read in tx.
-func readSubtreePeak(tx store.ReadTxn, nodeID string, own int64) (*subtreePeak, error) {
+// from tx: own is the node's stored counters, read in tx. It starts at
+// the peak the store holds, or the node's own calls_in_flight_max, when
+// either is above the level.
+func readSubtreePeak(tx store.ReadTxn, nodeID string, own *Observations) (*subtreePeak, error) {
 	prefix := subPrefix(nodeID)
 	shards := map[string]uint64{}
 	err := tx.Scan(prefix, nil, func(k, v []byte) error {
@@ -67,7 +85,70 @@ func readSubtreePeak(tx store.ReadTxn, nodeID string, own int64) (*subtreePeak, 
 	if err != nil {
 		return nil, err
 	}
-	return newSubtreePeak(tx.Revision(), own, shards), nil
+	saved, err := readSavedPeak(tx, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	p := newSubtreePeak(tx.Revision(), own.CallsInFlight, shards)
+	p.peak = max(p.peak, saved, own.CallsInFlightMax)
+	p.saved = saved
+	return p, nil
+}
+
+// carry starts p, a new pass's count of a node, at the peak old (the last
+// pass's) reached: what old took of the changes before p's snapshot is
+// in that snapshot's level, and its peak is kept.
+func (p *subtreePeak) carry(old *subtreePeak) {
+	p.peak = max(p.peak, old.now())
+	p.saved = max(p.saved, old.saved)
+}
+
+// readSavedPeak reads the peak of nodeID's subtree calls in flight the
+// evaluator kept in the store: 0 when it kept none.
+func readSavedPeak(tx store.ReadTxn, nodeID string) (int64, error) {
+	v, err := tx.Get(peakKey(nodeID))
+	if errors.Is(err, store.ErrNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	n, k := binary.Uvarint(v)
+	if k <= 0 || n > math.MaxInt64 {
+		return 0, fmt.Errorf("stoprule: corrupt subtree peak of %s", nodeID)
+	}
+	return int64(n), nil
+}
+
+// peakFloor raises o's subtree_calls_in_flight_max, read as the level, to
+// the peak the evaluator kept in the store and to the node's own
+// calls_in_flight_max: what TestStopRule, one snapshot on any replica,
+// reads of the peak.
+func peakFloor(tx store.ReadTxn, nodeID string, o *Observations) error {
+	saved, err := readSavedPeak(tx, nodeID)
+	if err != nil {
+		return err
+	}
+	o.SubtreeCallsInFlightMax = max(o.SubtreeCallsInFlightMax, saved, o.CallsInFlightMax)
+	return nil
+}
+
+// savePeaksIn raises the peaks the store holds of the counts' nodes to
+// what the counts reached (never lowers one: two leaders for a moment
+// both keep the higher).
+func savePeaksIn(tx store.Txn, counts map[string]*subtreePeak) error {
+	for id, p := range counts {
+		saved, err := readSavedPeak(tx, id)
+		if err != nil {
+			return err
+		}
+		if now := p.now(); now > saved {
+			if err := tx.Put(peakKey(id), binary.AppendUvarint(nil, uint64(now))); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // step takes a change committed at rev; false when the snapshot the count

@@ -176,7 +176,7 @@ func TestRogue33DARescanKeepsTheRoguesDebt(t *testing.T) {
 	}
 	// The watch fell behind: the pass ends, Run keeps its debts, and the
 	// next pass loads again.
-	g.rules.debts = ix.dirty.debts()
+	g.rules.endPass(ctx, ix)
 	ix, err = g.rules.load(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -52,7 +52,14 @@ const (
 	// and begin time, that its shard's record does not hold in its slot
 	// (subtotal.list); outside prefixAll too.
 	prefixShardOpen = "stoprulesopen/s/" // stoprulesopen/s/<ancestor id>/<shard>/<begin, Unix ms, 16 hex digits>/<node id>/<call id> → ""
+	// prefixPeak holds the highest subtree_calls_in_flight_max the
+	// evaluator counted at a node (peak.go), written by the evaluator as
+	// it rises; outside prefixAll, so its watch never carries its own
+	// writes.
+	prefixPeak = "stoprulespeak/" // stoprulespeak/<node id> → uvarint
 )
+
+func peakKey(node string) []byte { return []byte(prefixPeak + node) }
 
 func subOpenPrefix(anc string) []byte { return []byte(prefixSubOpen + anc + "/") }
 func subOpenKey(anc string, beginMs uint64, node, call string) []byte {
@@ -143,6 +150,10 @@ type Rules struct {
 	// Run's last pass ended, by root, for the next pass to keep: Run's
 	// passes run one at a time.
 	debts map[string]int64
+	// peaks are the counts of the subtrees' calls in flight when Run's
+	// last pass ended, for the next pass's scan to go on from
+	// (subtreePeak.carry).
+	peaks map[string]*subtreePeak
 }
 
 // Stats count the evaluator's work (for the benchmark).
@@ -562,6 +573,12 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 		}
 		if stored, self, decoded, err = readNodeTools(tx, nodeID, c.UsesSubtreeTools); err != nil {
 			return err
+		}
+		if c.UsesSubtreePeak {
+			// The peak the evaluator counted and kept, not the level alone.
+			if err := peakFloor(tx, nodeID, stored); err != nil {
+				return err
+			}
 		}
 		if c.UsesCallTime {
 			// The node's own open calls, each a call record read: priced

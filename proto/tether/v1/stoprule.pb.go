@@ -242,8 +242,9 @@ type StopRuleObservations struct {
 	// mark, so a burst begun and ended across the children between two
 	// evaluations is seen at its peak. Kept by the evaluator from each
 	// call's change of the subtree's totals, in commit order, since it
-	// started (a restart or a leader change starts it again from the
-	// level); TestStopRule reads the level.
+	// started at the node, and kept in the store as it rises (a restart,
+	// a leader change or a rescan goes on from it); never below the node's
+	// own calls_in_flight_max. TestStopRule reads the peak kept.
 	SubtreeCallsInFlightMax int64 `protobuf:"varint,28,opt,name=subtree_calls_in_flight_max,json=subtreeCallsInFlightMax,proto3" json:"subtree_calls_in_flight_max,omitempty"`
 	unknownFields           protoimpl.UnknownFields
 	sizeCache               protoimpl.SizeCache

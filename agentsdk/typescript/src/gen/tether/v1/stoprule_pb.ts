@@ -310,8 +310,9 @@ export type StopRuleObservations = Message<"tether.v1.StopRuleObservations"> & {
    * mark, so a burst begun and ended across the children between two
    * evaluations is seen at its peak. Kept by the evaluator from each
    * call's change of the subtree's totals, in commit order, since it
-   * started (a restart or a leader change starts it again from the
-   * level); TestStopRule reads the level.
+   * started at the node, and kept in the store as it rises (a restart,
+   * a leader change or a rescan goes on from it); never below the node's
+   * own calls_in_flight_max. TestStopRule reads the peak kept.
    *
    * @generated from field: int64 subtree_calls_in_flight_max = 28;
    */
