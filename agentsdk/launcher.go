@@ -138,6 +138,10 @@ const (
 // first terminates the nodes a previous run of the launcher left
 // (LauncherConfig.Instance).
 //
+// It sees a process's exit when the process exits: output to a Stdout or
+// Stderr that is not a file goes through a pipe the launcher copies
+// itself, so an escapee holding it does not hide the exit.
+//
 // The exit it confirms is the agent's, not only its first process's. Each
 // process runs in a process group of its own (unix), which the launcher
 // kills when the process exits; it signals the process as well as its
@@ -570,10 +574,27 @@ func (l *Launcher) launch(ctx context.Context, version string) error {
 	inherited := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "TETHER_") })
 	cmd.Env = append(append(inherited, v.Env...),
 		EnvAddr+"="+l.cfg.Operator.BaseURL, EnvCredential+"="+resp.Msg.Credential, EnvNodeID+"="+node, EnvVersion+"="+version)
-	cmd.Stdout, cmd.Stderr = l.cfg.Stdout, l.cfg.Stderr
+	// The process's output goes to a file the launcher hands it, never to
+	// a pipe os/exec copies: Wait would wait for that copy to end, for
+	// every process holding the pipe — an escapee in a session of its own
+	// included — and the agent's exit would go unseen (rogue38h test).
+	closeAfterStart, err := l.wireOutput(cmd)
+	if err != nil {
+		for _, f := range closeAfterStart {
+			_ = f.Close()
+		}
+		_, _ = l.cfg.Operator.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+			NodeId: node, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT, Reason: "agent process failed to start",
+		}))
+		return fmt.Errorf("start %s: %w", version, err)
+	}
 	ownGroup(cmd)
 	runAs(cmd, v.RunAs)
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	for _, f := range closeAfterStart {
+		_ = f.Close()
+	}
+	if err != nil {
 		// The node never ran: terminate it so it is not left running.
 		_, _ = l.cfg.Operator.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
 			NodeId: node, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT, Reason: "agent process failed to start",
@@ -612,6 +633,52 @@ func (l *Launcher) launch(ctx context.Context, version string) error {
 	l.mu.Unlock()
 	l.cfg.Log.Info("agent started", "node_id", node, "version", version, "pid", cmd.Process.Pid)
 	return nil
+}
+
+// wireOutput sets cmd's Stdout and Stderr from the launcher's: a writer
+// that is a file (or none) is handed to the process as it is; any other
+// gets a pipe whose write end the process is handed as a file, and a
+// goroutine of the launcher's copies what is written to it until every
+// holder has closed it. os/exec would copy it too, but its Wait would
+// not return before the copy ended. It returns the write ends to close
+// once the process has started (or failed to).
+func (l *Launcher) wireOutput(cmd *exec.Cmd) ([]*os.File, error) {
+	var opened []*os.File
+	wire := func(w io.Writer) (io.Writer, error) {
+		if w == nil {
+			return nil, nil
+		}
+		if f, ok := w.(*os.File); ok {
+			return f, nil
+		}
+		r, pw, err := os.Pipe()
+		if err != nil {
+			return nil, fmt.Errorf("agentsdk: a pipe for the agent's output: %w", err)
+		}
+		opened = append(opened, pw)
+		go func() {
+			_, _ = io.Copy(w, r)
+			_ = r.Close()
+		}()
+		return pw, nil
+	}
+	var err error
+	if cmd.Stdout, err = wire(l.cfg.Stdout); err != nil {
+		return opened, err
+	}
+	if sameWriter(l.cfg.Stderr, l.cfg.Stdout) {
+		cmd.Stderr = cmd.Stdout
+		return opened, nil
+	}
+	cmd.Stderr, err = wire(l.cfg.Stderr)
+	return opened, err
+}
+
+// sameWriter reports whether a and b are one writer (as os/exec tells it:
+// a writer of a type that cannot be compared is not).
+func sameWriter(a, b io.Writer) (same bool) {
+	defer func() { _ = recover() }()
+	return a != nil && a == b
 }
 
 // stopAll ends every process still running and confirms the exits.
