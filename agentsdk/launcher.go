@@ -99,8 +99,24 @@ type LauncherConfig struct {
 	// attests their exits. Finding any, the first restart after an
 	// unasked death backs off as a second one would. Two launchers that
 	// run at once must not share an instance (each would stop the
-	// other's agents when it starts).
+	// other's agents when it starts): give a StateDir, and the second is
+	// refused.
 	Instance string
+	// StateDir, when set (with an Instance; unix), is a directory only
+	// the launcher's user may write, where the launcher keeps, per
+	// instance, a lock and what its next run must know. Run takes the
+	// instance's lock (<Instance>.lock, flock) and refuses to run while
+	// another launcher holds it: two launchers of one instance no longer
+	// stop each other's agents. It keeps its processes (pid, start,
+	// node) and its restart backoff in <Instance>.state, and a run after
+	// one that died (crashed, killed, restarted without stopping its
+	// agents) kills the processes its predecessor left that still run
+	// (Linux: a pid is taken for the same process only if its start
+	// matches) and, if the predecessor started an agent less than
+	// MaxRestartBackoff before, waits the backoff the predecessor would
+	// have waited before its first start, doubling it: a crash loop that
+	// kills its launcher is paced as one that does not.
+	StateDir string
 }
 
 // InstanceLabel is the label on every node a launcher with an Instance
@@ -136,7 +152,10 @@ const (
 // a stop rule, approved by no operator): a crash loop proposing its own
 // stop before dying is not restarted as fast either. With an Instance, Run
 // first terminates the nodes a previous run of the launcher left
-// (LauncherConfig.Instance).
+// (LauncherConfig.Instance); with a StateDir as well it first claims the
+// instance, refusing to run beside another launcher of it, kills the
+// processes a previous run that died left, and carries the restart
+// backoff across runs (LauncherConfig.StateDir).
 //
 // It sees a process's exit when the process exits: output to a Stdout or
 // Stderr that is not a file goes through a pipe the launcher copies
@@ -178,6 +197,10 @@ type Launcher struct {
 	backoff     time.Duration
 	restartAt   time.Time
 	restartsDue int
+	// lastStart is the last agent start, on the Clock; stateSaved what
+	// was last written to the StateDir (Run's goroutine only).
+	lastStart  time.Time
+	stateSaved []byte
 }
 
 // launched is one agent process and its node.
@@ -197,8 +220,11 @@ type launched struct {
 	// unasked: the process died (or its exit was claimed) without a
 	// drain; its restart is subject to the backoff.
 	unasked bool
-	// startedAt is when it started, on the launcher's Clock.
+	// startedAt is when it started, on the launcher's Clock; pidStart
+	// when, by the system's count (Linux; 0 elsewhere), for a later run
+	// to tell the process from another that has its pid.
 	startedAt time.Time
+	pidStart  uint64
 	// liar: the node's exit was claimed outside any termination while
 	// the process ran on; the launcher terminated the node and stops the
 	// process.
@@ -239,6 +265,12 @@ func NewLauncher(cfg LauncherConfig) (*Launcher, error) {
 		}
 		l.versions[v.Name] = v
 	}
+	if cfg.StateDir != "" && cfg.Instance == "" {
+		return nil, errors.New("agentsdk: a launcher StateDir needs an Instance, the name its state is kept under")
+	}
+	if cfg.StateDir != "" && !canKeepState {
+		return nil, errors.New("agentsdk: a launcher StateDir needs unix")
+	}
 	if _, ok := l.versions[cfg.Start]; !ok {
 		return nil, fmt.Errorf("agentsdk: start version %q is not among the launcher's versions", cfg.Start)
 	}
@@ -272,18 +304,47 @@ func (l *Launcher) Current() (nodeID, version string) {
 // stops the processes (SIGTERM, then SIGKILL after KillGrace) and confirms
 // their exits.
 func (l *Launcher) Run(ctx context.Context) error {
+	release, err := l.claimInstance()
+	if err != nil {
+		return err
+	}
+	defer release()
+	pause, err := l.takeOver()
+	if err != nil {
+		return err
+	}
 	if err := l.endPredecessors(ctx); err != nil {
 		return err
+	}
+	tick := time.NewTicker(l.cfg.PollEvery)
+	defer tick.Stop()
+	if pause > 0 {
+		// The previous run died soon after it started an agent: this
+		// start is a restart, and waits as the dead run would have.
+		l.cfg.Log.Warn("waiting before starting the agent: the launcher's previous run died", "instance", l.cfg.Instance, "backoff", pause)
+		for startAt := l.cfg.Clock.Now().Add(pause); l.cfg.Clock.Now().Before(startAt); {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-tick.C:
+			}
+		}
 	}
 	if err := l.launch(ctx, l.cfg.Start); err != nil {
 		return err
 	}
-	defer l.stopAll()
-	tick := time.NewTicker(l.cfg.PollEvery)
-	defer tick.Stop()
+	defer func() {
+		l.stopAll()
+		if err := l.saveState(true); err != nil {
+			l.cfg.Log.Warn("could not record the launcher's clean stop", "error", err)
+		}
+	}()
 	for {
 		if err := l.step(ctx); err != nil && ctx.Err() == nil {
 			l.cfg.Log.Warn("launcher step failed; retrying", "error", err)
+		}
+		if err := l.saveState(false); err != nil {
+			l.cfg.Log.Warn("could not record the launcher's state", "error", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -440,8 +501,9 @@ func (l *Launcher) endPredecessors(ctx context.Context) error {
 	}
 	if found > 0 {
 		// A restarted launcher is a restart: the first unasked death
-		// after it waits, as the second one would.
-		l.backoff = MinRestartBackoff
+		// after it waits, as the second one would (or longer, as its
+		// StateDir says).
+		l.backoff = max(l.backoff, MinRestartBackoff)
 	}
 	return nil
 }
@@ -602,7 +664,8 @@ func (l *Launcher) launch(ctx context.Context, version string) error {
 		return fmt.Errorf("start %s: %w", version, err)
 	}
 	// Before the process is waited for: /proc knows it even if it exited.
-	p := &launched{version: version, node: node, cmd: cmd, exited: make(chan struct{}), orphans: watchOrphans(cmd.Process.Pid), startedAt: l.cfg.Clock.Now()}
+	p := &launched{version: version, node: node, cmd: cmd, exited: make(chan struct{}), orphans: watchOrphans(cmd.Process.Pid), startedAt: l.cfg.Clock.Now(), pidStart: procStart(cmd.Process.Pid)}
+	l.lastStart = p.startedAt
 	if p.orphans.err != nil {
 		l.cfg.Log.Warn("the launcher cannot prove what the agent leaves behind gone; its exit will not be confirmed", "node_id", node, "error", p.orphans.err)
 	}
@@ -631,6 +694,10 @@ func (l *Launcher) launch(ctx context.Context, version string) error {
 	l.mu.Lock()
 	l.procs = append(l.procs, p)
 	l.mu.Unlock()
+	// Recorded at once, for a next run to kill it should this one die.
+	if err := l.saveState(false); err != nil {
+		l.cfg.Log.Warn("could not record the launcher's state", "error", err)
+	}
 	l.cfg.Log.Info("agent started", "node_id", node, "version", version, "pid", cmd.Process.Pid)
 	return nil
 }

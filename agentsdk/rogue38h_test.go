@@ -3,6 +3,9 @@
 package agentsdk_test
 
 import (
+	"context"
+	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strconv"
@@ -88,5 +91,192 @@ func TestRogue38HAnEscapeeHoldingTheOutputCannotHideTheAgentsExit(t *testing.T) 
 	}
 	if !strings.Contains(out.String(), "escaped") {
 		t.Errorf("v1's output was not copied: %q", out.String())
+	}
+}
+
+// TestRogue38HASecondLauncherOfAnInstanceIsRefused: two launchers run at
+// once with one Instance (a unit started twice, a copy-pasted
+// configuration, an operator's manual run beside the service) each took
+// the other's nodes for a dead predecessor's and aborted them when it
+// started: the running launcher's agent was stopped under it. With a
+// StateDir the instance is claimed (a lock the launcher holds while it
+// runs, released when its process dies): the second launcher is refused
+// with an error naming the instance, and touches nothing.
+func TestRogue38HASecondLauncherOfAnInstanceIsRefused(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	dir := t.TempDir()
+	v := agentsdk.Version{Command: "sleep", Args: []string{"600"}}
+	v1, v2 := v, v
+	v1.Name, v2.Name = "v1", "v2"
+	claim := func(cfg *agentsdk.LauncherConfig) { cfg.Instance, cfg.StateDir = "host-1.excl", dir }
+	l := runLauncher(t, srv, []agentsdk.Version{v1, v2}, claim)
+	var first string
+	testserver.WaitFor(t, 30*time.Second, "the first launcher's agent to start", func() bool {
+		first, _ = l.Current()
+		return first != ""
+	})
+	cfg := agentsdk.LauncherConfig{
+		Operator: agentsdk.Dial(srv.URL, srv.Admin, agentsdk.WithHTTPClient(srv.HTTP)), Name: "rogue",
+		Versions: []agentsdk.Version{v1, v2}, Start: "v1", PollEvery: 20 * time.Millisecond, KillGrace: 5 * time.Second,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	claim(&cfg)
+	second, err := agentsdk.NewLauncher(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- second.Run(ctx) }()
+	var runErr error
+	returned := false
+	testserver.WaitFor(t, 30*time.Second, "the second launcher to be refused, or to stop the first's agent", func() bool {
+		select {
+		case runErr = <-done:
+			returned = true
+			return true
+		default:
+		}
+		return getNode(t, admin, first).State != tetherv1.NodeState_NODE_STATE_RUNNING
+	})
+	cancel()
+	if !returned {
+		runErr = <-done
+	}
+	if n := getNode(t, admin, first); n.State != tetherv1.NodeState_NODE_STATE_RUNNING || n.TerminationId != "" {
+		t.Errorf("the first launcher's agent is %v (termination %q): the second launcher of its instance stopped it", n.State, n.TerminationId)
+	}
+	if runErr == nil || !strings.Contains(runErr.Error(), `"host-1.excl"`) || !strings.Contains(runErr.Error(), "another launcher") {
+		t.Errorf("the second launcher's Run: %v; want a refusal naming the instance", runErr)
+	}
+	if node, _ := second.Current(); node != "" {
+		t.Errorf("the refused launcher registered node %s", node)
+	}
+}
+
+// TestRogue38HAStateDirOthersMayWriteIsRefused: a state directory another
+// user may write lets that user (a rogue agent under a user of its own)
+// hold the instance's lock, keeping every launcher run from starting, or
+// rewrite its predecessor's processes for it to kill: Run refuses it, as
+// it refuses a StateDir without an Instance.
+func TestRogue38HAStateDirOthersMayWriteIsRefused(t *testing.T) {
+	srv := testserver.Start(t)
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	v := agentsdk.Version{Name: "v1", Command: "sleep", Args: []string{"600"}}
+	cfg := agentsdk.LauncherConfig{
+		Operator: agentsdk.Dial(srv.URL, srv.Admin, agentsdk.WithHTTPClient(srv.HTTP)), Name: "rogue",
+		Versions: []agentsdk.Version{v}, Start: "v1", Instance: "host-1.open", StateDir: dir,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	l, err := agentsdk.NewLauncher(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	var runErr error
+	testserver.WaitFor(t, 30*time.Second, "Run to refuse the directory, or to start the agent", func() bool {
+		select {
+		case runErr = <-done:
+			return true
+		default:
+		}
+		node, _ := l.Current()
+		return node != ""
+	})
+	cancel()
+	if runErr == nil {
+		runErr = <-done
+	}
+	if runErr == nil || !strings.Contains(runErr.Error(), dir) {
+		t.Errorf("Run with a state directory anyone may write: %v; want a refusal naming it", runErr)
+	}
+	cfg.StateDir, cfg.Instance = t.TempDir(), ""
+	if _, err := agentsdk.NewLauncher(cfg); err == nil || !strings.Contains(err.Error(), "Instance") {
+		t.Errorf("NewLauncher with a StateDir and no Instance: %v; want a refusal", err)
+	}
+}
+
+// TestRogue38HHelperLauncher is not a test: it is a launcher process the
+// rogue38h tests start (this test binary, re-executed) and kill.
+func TestRogue38HHelperLauncher(t *testing.T) {
+	if os.Getenv("R38H_LAUNCHER") != "1" {
+		t.Skip("a launcher process of the rogue38h tests")
+	}
+	l, err := agentsdk.NewLauncher(agentsdk.LauncherConfig{
+		Operator: agentsdk.Dial(os.Getenv("R38H_URL"), os.Getenv("R38H_TOKEN"), agentsdk.WithHTTPClient(testserver.H2CClient())),
+		Name:     "looper", Versions: []agentsdk.Version{{Name: "v1", Command: "sleep", Args: []string{"3839", "600"}}},
+		Start: "v1", PollEvery: 20 * time.Millisecond, Instance: "host-1.looper", StateDir: os.Getenv("R38H_STATEDIR"),
+		Log: slog.New(slog.NewTextHandler(os.Stderr, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = l.Run(context.Background())
+}
+
+// TestRogue38HALauncherRunAfterADeathEndsItsPredecessorsProcessesAndBacksOff:
+// an agent that kills its launcher (under the launcher's user) as soon as
+// it starts, or a launcher that crashes, left its agent's process running
+// — unseen by the next run, which only aborted its node — and every run
+// started its agent at once (the backoff's doubling lived in memory): a
+// crash loop through the launcher was paced by the service manager alone.
+// With a StateDir the next run kills the processes its predecessor left
+// (pid and start kept in the state file) and, its predecessor having
+// started an agent less than MaxRestartBackoff before, waits the backoff
+// before its first start, doubling it run after run.
+func TestRogue38HALauncherRunAfterADeathEndsItsPredecessorsProcessesAndBacksOff(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the launcher-process test (three launchers started and killed); make test and CI run them.")
+	}
+	srv := testserver.Start(t)
+	dir := t.TempDir()
+	killRunning(t, "sleep 3839 ")
+	start := func() (*exec.Cmd, *lockedBuffer) {
+		t.Helper()
+		var logs lockedBuffer
+		cmd := exec.Command(os.Args[0], "-test.run=^TestRogue38HHelperLauncher$")
+		cmd.Env = append(os.Environ(), "R38H_LAUNCHER=1", "R38H_URL="+srv.URL, "R38H_TOKEN="+srv.Admin, "R38H_STATEDIR="+dir)
+		cmd.Stderr = &logs
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		testserver.WaitFor(t, 30*time.Second, "the launcher process to start its agent", func() bool {
+			return strings.Contains(logs.String(), "agent started")
+		})
+		return cmd, &logs
+	}
+	kill := func(cmd *exec.Cmd) {
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		_ = cmd.Wait()
+	}
+	first, _ := start()
+	left := pidsRunning("sleep 3839 ")
+	if len(left) != 1 {
+		t.Fatalf("the first launcher's agent: pids %v", left)
+	}
+	kill(first)
+	second, logs := start()
+	testserver.WaitFor(t, 30*time.Second, "the process the dead launcher left to be killed", func() bool {
+		for _, pid := range pidsRunning("sleep 3839 ") {
+			if pid == left[0] {
+				return false
+			}
+		}
+		return true
+	})
+	if !strings.Contains(logs.String(), "backoff=1s") {
+		t.Errorf("the launcher run after a death started its agent without waiting the backoff:\n%s", logs.String())
+	}
+	kill(second)
+	_, logs = start()
+	if !strings.Contains(logs.String(), "backoff=2s") {
+		t.Errorf("the launcher run after a second death did not double the backoff:\n%s", logs.String())
 	}
 }
