@@ -2,6 +2,7 @@ package agentsdk
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -123,6 +124,11 @@ type LauncherConfig struct {
 // registers.
 const InstanceLabel = "tether.dev/launcher"
 
+// RegistrationLabel is the label on every node a launcher registers that
+// names its registration (a random id, one per RegisterRoot call): a
+// registration whose answer was lost is found by it and terminated.
+const RegistrationLabel = "tether.dev/registration"
+
 // Restart backoff: an agent that dies unasked (or claims its exit, or is
 // drained by the stop policy alone) is restarted at once the first time;
 // if it dies again within MaxRestartBackoff of its start, the launcher
@@ -201,6 +207,9 @@ type Launcher struct {
 	// was last written to the StateDir (Run's goroutine only).
 	lastStart  time.Time
 	stateSaved []byte
+	// lost are the registrations (RegistrationLabel values) whose
+	// answer was an error, not yet looked for (Run's goroutine only).
+	lost []string
 }
 
 // launched is one agent process and its node.
@@ -362,6 +371,9 @@ func (l *Launcher) step(ctx context.Context) error {
 	procs := append([]*launched(nil), l.procs...)
 	l.mu.Unlock()
 	var errs []error
+	if len(l.lost) > 0 {
+		errs = append(errs, l.endLost(ctx))
+	}
 	if l.restartsDue > 0 && !l.cfg.Clock.Now().Before(l.restartAt) {
 		l.restartsDue--
 		errs = append(errs, l.launchOrRetry(ctx))
@@ -624,8 +636,18 @@ func (l *Launcher) launch(ctx context.Context, version string) error {
 	if l.cfg.Instance != "" {
 		labels[InstanceLabel] = l.cfg.Instance
 	}
+	reg := rand.Text()
+	labels[RegistrationLabel] = reg
 	resp, err := l.cfg.Operator.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: l.cfg.Name, Labels: labels}))
 	if err != nil {
+		// The control plane may have registered the root and the
+		// answer been lost: a root with no process, its credential
+		// alive. Look for it and terminate it (now, or in a later
+		// step), whatever the retry does (rogue38h test).
+		l.lost = append(l.lost, reg)
+		if cerr := l.endLost(ctx); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
 		return fmt.Errorf("register %s: %w", version, err)
 	}
 	node := resp.Msg.Node.NodeId
@@ -748,6 +770,44 @@ func sameWriter(a, b io.Writer) (same bool) {
 	return a != nil && a == b
 }
 
+// endLost looks for the roots of the registrations whose answer was an
+// error (by their RegistrationLabel) and terminates (abort) each that no
+// termination covers; a registration is forgotten once looked for.
+func (l *Launcher) endLost(ctx context.Context) error {
+	var errs []error
+	keep := l.lost[:0]
+	for _, reg := range l.lost {
+		resp, err := l.cfg.Operator.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{
+			LabelSelector: RegistrationLabel + "=" + reg, OneLevel: true,
+		}))
+		if err != nil {
+			keep = append(keep, reg)
+			errs = append(errs, fmt.Errorf("look for the root of a registration whose answer was lost: %w", err))
+			continue
+		}
+		ended := true
+		for _, n := range resp.Msg.Nodes {
+			if n.ParentNodeId != "" || n.TerminationId != "" || n.State == tetherv1.NodeState_NODE_STATE_TERMINATED {
+				continue
+			}
+			l.cfg.Log.Warn("terminating a root whose registration's answer was lost", "node_id", n.NodeId)
+			_, err := l.cfg.Operator.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+				NodeId: n.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
+				Reason: "its launcher's registration of it got no answer; no process runs it",
+			}))
+			if err != nil && connect.CodeOf(err) != connect.CodeFailedPrecondition {
+				ended = false
+				errs = append(errs, fmt.Errorf("terminate %s, whose registration's answer was lost: %w", n.NodeId, err))
+			}
+		}
+		if !ended {
+			keep = append(keep, reg)
+		}
+	}
+	l.lost = keep
+	return errors.Join(errs...)
+}
+
 // stopAll ends every process still running and confirms the exits.
 func (l *Launcher) stopAll() {
 	l.mu.Lock()
@@ -776,6 +836,13 @@ func (l *Launcher) stopAll() {
 			}
 			cancel()
 		}
+	}
+	if len(l.lost) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := l.endLost(ctx); err != nil {
+			l.cfg.Log.Warn("could not end a root whose registration's answer was lost", "error", err)
+		}
+		cancel()
 	}
 }
 

@@ -4,15 +4,21 @@ package agentsdk_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane/testserver"
@@ -278,5 +284,95 @@ func TestRogue38HALauncherRunAfterADeathEndsItsPredecessorsProcessesAndBacksOff(
 	_, logs = start()
 	if !strings.Contains(logs.String(), "backoff=2s") {
 		t.Errorf("the launcher run after a second death did not double the backoff:\n%s", logs.String())
+	}
+}
+
+// losingTransport performs every request, but loses the answer of the
+// RegisterRoot calls it is told to (the control plane registered the
+// root; the launcher hears an error).
+type losingTransport struct {
+	next http.RoundTripper
+	mu   sync.Mutex
+	lose map[int]bool // by the RegisterRoot call's number, from 1
+	n    int
+}
+
+func (t *losingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if !strings.HasSuffix(req.URL.Path, "/RegisterRoot") {
+		return t.next.RoundTrip(req)
+	}
+	t.mu.Lock()
+	t.n++
+	lose := t.lose[t.n]
+	t.mu.Unlock()
+	resp, err := t.next.RoundTrip(req)
+	if err != nil || !lose {
+		return resp, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	return nil, errors.New("connection reset by peer (the answer was lost)")
+}
+
+// TestRogue38HARegistrationWhoseAnswerWasLostIsEnded: the control plane
+// registered the replacement's root, but its answer was lost (a
+// connection reset, a control plane restarting in its own rolling
+// upgrade — or a rogue v1 that spends the host's connections or memory
+// at the moment of its drain). The launcher tried again and ran its agent
+// on a second root; the first ran on with no process, its credential
+// alive, counted as the replacement by anyone selecting the version,
+// until someone stopped it. Every registration is labelled with an id of
+// its own (RegistrationLabel): a registration that failed is looked for
+// by it and terminated (abort), before and whatever the retry.
+func TestRogue38HARegistrationWhoseAnswerWasLostIsEnded(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	hc := testserver.H2CClient()
+	hc.Transport = &losingTransport{next: hc.Transport, lose: map[int]bool{2: true}}
+	clk := &manualClock{now: time.Now().UTC()}
+	logs := &countingHandler{}
+	v := agentsdk.Version{Command: "sleep", Args: []string{"600"}}
+	v1, v2 := v, v
+	v1.Name, v2.Name = "v1", "v2"
+	l := runLauncher(t, srv, []agentsdk.Version{v1, v2}, func(cfg *agentsdk.LauncherConfig) {
+		cfg.Operator = agentsdk.Dial(srv.URL, srv.Admin, agentsdk.WithHTTPClient(hc))
+		cfg.Labels, cfg.Clock, cfg.Log = map[string]string{"app": "lost"}, clk, slog.New(logs)
+	})
+	var first string
+	testserver.WaitFor(t, 30*time.Second, "v1 to start", func() bool {
+		first, _ = l.Current()
+		return first != ""
+	})
+	if _, err := admin.Supervisor.Terminate(context.Background(), connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: first, Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, Reason: "upgrade", DrainWindow: durationpb.New(10 * time.Minute),
+	})); err != nil {
+		t.Fatal(err)
+	}
+	testserver.WaitFor(t, 30*time.Second, "the launcher to fail to register v2", func() bool {
+		return logs.count("launcher step failed; retrying") > 0
+	})
+	clk.advance(agentsdk.MinRestartBackoff)
+	var current string
+	testserver.WaitFor(t, 30*time.Second, "the launcher to start v2 on its retry", func() bool {
+		var version string
+		current, version = l.Current()
+		return version == "v2"
+	})
+	resp, err := admin.Agent.ListNodes(context.Background(), connect.NewRequest(&tetherv1.ListNodesRequest{LabelSelector: "app=lost,version=v2", OneLevel: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := 0
+	for _, n := range resp.Msg.Nodes {
+		if n.NodeId == current {
+			continue
+		}
+		lost++
+		if n.TerminationId == "" {
+			t.Errorf("the root whose registration's answer was lost (%s) runs on with no process, no termination", n.NodeId)
+		}
+	}
+	if lost != 1 {
+		t.Errorf("%d v2 roots besides the running one, want the 1 whose answer was lost", lost)
 	}
 }
