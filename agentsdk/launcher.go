@@ -168,7 +168,9 @@ const (
 // itself, so an escapee holding it does not hide the exit.
 //
 // The exit it confirms is the agent's, not only its first process's. Each
-// process runs in a process group of its own (unix), which the launcher
+// process runs in a session — and so a process group — of its own (unix:
+// no controlling terminal, so an agent cannot type into its launcher's),
+// which the launcher
 // kills when the process exits; it signals the process as well as its
 // group, which the process may have left. On Linux the launcher's process also
 // becomes a child subreaper (PR_SET_CHILD_SUBREAPER, for the whole

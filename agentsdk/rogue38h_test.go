@@ -10,12 +10,14 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -214,12 +216,17 @@ func TestRogue38HHelperLauncher(t *testing.T) {
 	if os.Getenv("R38H_LAUNCHER") != "1" {
 		t.Skip("a launcher process of the rogue38h tests")
 	}
-	l, err := agentsdk.NewLauncher(agentsdk.LauncherConfig{
+	cfg := agentsdk.LauncherConfig{
 		Operator: agentsdk.Dial(os.Getenv("R38H_URL"), os.Getenv("R38H_TOKEN"), agentsdk.WithHTTPClient(testserver.H2CClient())),
 		Name:     "looper", Versions: []agentsdk.Version{{Name: "v1", Command: "sleep", Args: []string{"3839", "600"}}},
 		Start: "v1", PollEvery: 20 * time.Millisecond, Instance: "host-1.looper", StateDir: os.Getenv("R38H_STATEDIR"),
 		Log: slog.New(slog.NewTextHandler(os.Stderr, nil)),
-	})
+	}
+	if out := os.Getenv("R38H_PROBE_OUT"); out != "" {
+		cfg.Name, cfg.Instance = "prober", ""
+		cfg.Versions = []agentsdk.Version{{Name: "v1", Command: os.Args[0], Args: []string{"-test.run=^TestRogue38HHelperAgent$"}, Env: []string{"R38H_AGENT_OUT=" + out}}}
+	}
+	l, err := agentsdk.NewLauncher(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -374,5 +381,82 @@ func TestRogue38HARegistrationWhoseAnswerWasLostIsEnded(t *testing.T) {
 	}
 	if lost != 1 {
 		t.Errorf("%d v2 roots besides the running one, want the 1 whose answer was lost", lost)
+	}
+}
+
+// openPty returns a new pseudo-terminal's master and its terminal.
+func openPty(t *testing.T) (master, tty *os.File) {
+	t.Helper()
+	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatalf("a pseudo-terminal: %v", err)
+	}
+	unlock := int32(0)
+	if _, _, errno := syscall.Syscall(syscall.SYS_IOCTL, m.Fd(), syscall.TIOCSPTLCK, uintptr(unsafe.Pointer(&unlock))); errno != 0 {
+		t.Fatal(errno)
+	}
+	var n uint32
+	if _, _, errno := syscall.Syscall(syscall.SYS_IOCTL, m.Fd(), syscall.TIOCGPTN, uintptr(unsafe.Pointer(&n))); errno != 0 {
+		t.Fatal(errno)
+	}
+	s, err := os.OpenFile("/dev/pts/"+strconv.Itoa(int(n)), os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(); _ = m.Close() })
+	return m, s
+}
+
+// TestRogue38HHelperAgent is not a test: it is the agent the rogue38h
+// launcher process runs (this test binary, re-executed). It tries to type
+// into its launcher's terminal (TIOCSTI on /dev/tty, its controlling
+// terminal), writes what came of it to R38H_AGENT_OUT, then waits.
+func TestRogue38HHelperAgent(t *testing.T) {
+	out := os.Getenv("R38H_AGENT_OUT")
+	if out == "" {
+		t.Skip("an agent process of the rogue38h tests")
+	}
+	result := "reached"
+	fd, err := syscall.Open("/dev/tty", syscall.O_RDWR, 0)
+	if err == nil {
+		c := byte('#')
+		if _, _, errno := syscall.Syscall(syscall.SYS_IOCTL, uintptr(fd), syscall.TIOCSTI, uintptr(unsafe.Pointer(&c))); errno != 0 {
+			result = "refused: TIOCSTI: " + errno.Error()
+		}
+	} else {
+		result = "refused: open /dev/tty: " + err.Error()
+	}
+	_ = os.WriteFile(out+".tmp", []byte(result), 0o644)
+	_ = os.Rename(out+".tmp", out)
+	time.Sleep(time.Hour)
+}
+
+// TestRogue38HAnAgentCannotTypeIntoItsLaunchersTerminal: every agent ran
+// in its launcher's session (a process group of its own, no more), so a
+// launcher run from a terminal — an operator's shell, a tmux pane, an
+// ssh session — shared it with its agents as their controlling terminal:
+// any agent, whatever user it ran as (Version.RunAs), opened /dev/tty and
+// pushed characters into the terminal's input (TIOCSTI, where the kernel
+// still allows it): commands the operator's shell would run, as the
+// operator, once the launcher stopped. Each agent starts in a session of
+// its own, with no controlling terminal.
+func TestRogue38HAnAgentCannotTypeIntoItsLaunchersTerminal(t *testing.T) {
+	srv := testserver.Start(t)
+	_, tty := openPty(t)
+	out := filepath.Join(t.TempDir(), "probe")
+	agentPrefix := os.Args[0] + " -test.run=^TestRogue38HHelperAgent$"
+	killRunning(t, agentPrefix)
+	var logs lockedBuffer
+	cmd := exec.Command(os.Args[0], "-test.run=^TestRogue38HHelperLauncher$")
+	cmd.Env = append(os.Environ(), "R38H_LAUNCHER=1", "R38H_URL="+srv.URL, "R38H_TOKEN="+srv.Admin, "R38H_PROBE_OUT="+out)
+	cmd.Stdin, cmd.Stderr = tty, &logs
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	probe := readWhenThere(t, "the agent to try its launcher's terminal", out)
+	if !strings.HasPrefix(probe, "refused") {
+		t.Errorf("an agent typed into its launcher's terminal (TIOCSTI on /dev/tty): %s", probe)
 	}
 }
