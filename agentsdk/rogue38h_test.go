@@ -74,12 +74,12 @@ func TestRogue38HAnEscapeeHoldingTheOutputCannotHideTheAgentsExit(t *testing.T) 
 	srv := testserver.Start(t)
 	admin := srv.AdminClients()
 	var out lockedBuffer
-	v1 := agentsdk.Version{Name: "v1", Command: "sh", Args: []string{"-c", `setsid sleep 3838 600 & echo escaped; exit 0`}}
+	v1 := agentsdk.Version{Name: "v1", Command: "sh", Args: []string{"-c", `setsid sleep 38083 600 & echo escaped; exit 0`}}
 	v2 := agentsdk.Version{Name: "v2", Command: "sleep", Args: []string{"600"}}
 	l := runLauncher(t, srv, []agentsdk.Version{v1, v2}, func(cfg *agentsdk.LauncherConfig) { cfg.Stdout, cfg.Stderr = &out, &out })
 	// Runs before the launcher's own cleanup, which waited for the
 	// escapee before the fix.
-	killRunning(t, "sleep 3838 ")
+	killRunning(t, "sleep 38083 ")
 	var first string
 	testserver.WaitFor(t, 30*time.Second, "v1 to start", func() bool {
 		first, _ = l.Current()
@@ -93,7 +93,7 @@ func TestRogue38HAnEscapeeHoldingTheOutputCannotHideTheAgentsExit(t *testing.T) 
 		n := getNode(t, admin, first)
 		return n.State == tetherv1.NodeState_NODE_STATE_TERMINATED && hasLauncherConfirmation(n)
 	})
-	if pids := pidsRunning("sleep 3838 "); len(pids) != 0 {
+	if pids := pidsRunning("sleep 38083 "); len(pids) != 0 {
 		b, _ := exec.Command("ps", "-eo", "pid,ppid,pgid,sid,stat,lstart,cmd").Output()
 		t.Errorf("the escapee v1 left holding its output runs on (pids %v) after its exit was confirmed; self %d\n%s", pids, os.Getpid(), b)
 	}
@@ -218,7 +218,7 @@ func TestRogue38HHelperLauncher(t *testing.T) {
 	}
 	cfg := agentsdk.LauncherConfig{
 		Operator: agentsdk.Dial(os.Getenv("R38H_URL"), os.Getenv("R38H_TOKEN"), agentsdk.WithHTTPClient(testserver.H2CClient())),
-		Name:     "looper", Versions: []agentsdk.Version{{Name: "v1", Command: "sleep", Args: []string{"3839", "600"}}},
+		Name:     "looper", Versions: []agentsdk.Version{{Name: "v1", Command: "sleep", Args: []string{"38093", "600"}}},
 		Start: "v1", PollEvery: 20 * time.Millisecond, Instance: "host-1.looper", StateDir: os.Getenv("R38H_STATEDIR"),
 		Log: slog.New(slog.NewTextHandler(os.Stderr, nil)),
 	}
@@ -249,7 +249,7 @@ func TestRogue38HALauncherRunAfterADeathEndsItsPredecessorsProcessesAndBacksOff(
 	}
 	srv := testserver.Start(t)
 	dir := t.TempDir()
-	killRunning(t, "sleep 3839 ")
+	killRunning(t, "sleep 38093 ")
 	start := func() (*exec.Cmd, *lockedBuffer) {
 		t.Helper()
 		var logs lockedBuffer
@@ -270,14 +270,14 @@ func TestRogue38HALauncherRunAfterADeathEndsItsPredecessorsProcessesAndBacksOff(
 		_ = cmd.Wait()
 	}
 	first, _ := start()
-	left := pidsRunning("sleep 3839 ")
+	left := pidsRunning("sleep 38093 ")
 	if len(left) != 1 {
 		t.Fatalf("the first launcher's agent: pids %v", left)
 	}
 	kill(first)
 	second, logs := start()
 	testserver.WaitFor(t, 30*time.Second, "the process the dead launcher left to be killed", func() bool {
-		for _, pid := range pidsRunning("sleep 3839 ") {
+		for _, pid := range pidsRunning("sleep 38093 ") {
 			if pid == left[0] {
 				return false
 			}
