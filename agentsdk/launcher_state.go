@@ -101,7 +101,9 @@ func (l *Launcher) takeOver() (time.Duration, error) {
 	now := l.cfg.Clock.Now()
 	var pause time.Duration
 	if !st.LastStart.IsZero() && now.Sub(st.LastStart) < MaxRestartBackoff {
-		pause = max(st.Backoff, MinRestartBackoff)
+		// The state is the predecessor's word: never more than
+		// MaxRestartBackoff, however long it says (rogue38h test).
+		pause = min(max(st.Backoff, MinRestartBackoff), MaxRestartBackoff)
 		l.backoff = min(2*pause, MaxRestartBackoff)
 	} else {
 		l.backoff = MinRestartBackoff

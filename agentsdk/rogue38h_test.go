@@ -460,3 +460,35 @@ func TestRogue38HAnAgentCannotTypeIntoItsLaunchersTerminal(t *testing.T) {
 		t.Errorf("an agent typed into its launcher's terminal (TIOCSTI on /dev/tty): %s", probe)
 	}
 }
+
+// TestRogue38HAStateFileCannotHoldTheAgentBackForever: the state a
+// launcher run finds is its predecessor's word, and whoever could write it
+// (the launcher's user: an agent without a RunAs of its own, or a file
+// damaged) could name any backoff: a pause of a thousand hours kept every
+// later run from ever starting its agent. The pause before a first start
+// is never more than MaxRestartBackoff, however long the state says.
+func TestRogue38HAStateFileCannotHoldTheAgentBackForever(t *testing.T) {
+	srv := testserver.Start(t)
+	dir := t.TempDir()
+	clk := &manualClock{now: time.Now().UTC()}
+	state := `{"clean":false,"backoff":` + strconv.FormatInt(int64(1000*time.Hour), 10) + `,"last_start":"` + clk.Now().Format(time.RFC3339Nano) + `"}`
+	if err := os.WriteFile(filepath.Join(dir, "host-1.held.state"), []byte(state), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logs lockedBuffer
+	v := agentsdk.Version{Command: "sleep", Args: []string{"600"}}
+	v1, v2 := v, v
+	v1.Name, v2.Name = "v1", "v2"
+	l := runLauncher(t, srv, []agentsdk.Version{v1, v2}, func(cfg *agentsdk.LauncherConfig) {
+		cfg.Instance, cfg.StateDir, cfg.Clock = "host-1.held", dir, clk
+		cfg.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	testserver.WaitFor(t, 30*time.Second, "the launcher to wait before its first start", func() bool {
+		return strings.Contains(logs.String(), "waiting before starting the agent")
+	})
+	clk.advance(agentsdk.MaxRestartBackoff)
+	testserver.WaitFor(t, 30*time.Second, "the launcher to start its agent once MaxRestartBackoff has passed", func() bool {
+		node, _ := l.Current()
+		return node != ""
+	})
+}
