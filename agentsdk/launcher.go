@@ -2,6 +2,7 @@ package agentsdk
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -99,13 +100,34 @@ type LauncherConfig struct {
 	// attests their exits. Finding any, the first restart after an
 	// unasked death backs off as a second one would. Two launchers that
 	// run at once must not share an instance (each would stop the
-	// other's agents when it starts).
+	// other's agents when it starts): give a StateDir, and the second is
+	// refused.
 	Instance string
+	// StateDir, when set (with an Instance; unix), is a directory only
+	// the launcher's user may write, where the launcher keeps, per
+	// instance, a lock and what its next run must know. Run takes the
+	// instance's lock (<Instance>.lock, flock) and refuses to run while
+	// another launcher holds it: two launchers of one instance no longer
+	// stop each other's agents. It keeps its processes (pid, start,
+	// node) and its restart backoff in <Instance>.state, and a run after
+	// one that died (crashed, killed, restarted without stopping its
+	// agents) kills the processes its predecessor left that still run
+	// (Linux: a pid is taken for the same process only if its start
+	// matches) and, if the predecessor started an agent less than
+	// MaxRestartBackoff before, waits the backoff the predecessor would
+	// have waited before its first start, doubling it: a crash loop that
+	// kills its launcher is paced as one that does not.
+	StateDir string
 }
 
 // InstanceLabel is the label on every node a launcher with an Instance
 // registers.
 const InstanceLabel = "tether.dev/launcher"
+
+// RegistrationLabel is the label on every node a launcher registers that
+// names its registration (a random id, one per RegisterRoot call): a
+// registration whose answer was lost is found by it and terminated.
+const RegistrationLabel = "tether.dev/registration"
 
 // Restart backoff: an agent that dies unasked (or claims its exit, or is
 // drained by the stop policy alone) is restarted at once the first time;
@@ -136,10 +158,19 @@ const (
 // a stop rule, approved by no operator): a crash loop proposing its own
 // stop before dying is not restarted as fast either. With an Instance, Run
 // first terminates the nodes a previous run of the launcher left
-// (LauncherConfig.Instance).
+// (LauncherConfig.Instance); with a StateDir as well it first claims the
+// instance, refusing to run beside another launcher of it, kills the
+// processes a previous run that died left, and carries the restart
+// backoff across runs (LauncherConfig.StateDir).
+//
+// It sees a process's exit when the process exits: output to a Stdout or
+// Stderr that is not a file goes through a pipe the launcher copies
+// itself, so an escapee holding it does not hide the exit.
 //
 // The exit it confirms is the agent's, not only its first process's. Each
-// process runs in a process group of its own (unix), which the launcher
+// process runs in a session — and so a process group — of its own (unix:
+// no controlling terminal, so an agent cannot type into its launcher's),
+// which the launcher
 // kills when the process exits; it signals the process as well as its
 // group, which the process may have left. On Linux the launcher's process also
 // becomes a child subreaper (PR_SET_CHILD_SUBREAPER, for the whole
@@ -174,6 +205,13 @@ type Launcher struct {
 	backoff     time.Duration
 	restartAt   time.Time
 	restartsDue int
+	// lastStart is the last agent start, on the Clock; stateSaved what
+	// was last written to the StateDir (Run's goroutine only).
+	lastStart  time.Time
+	stateSaved []byte
+	// lost are the registrations (RegistrationLabel values) whose
+	// answer was an error, not yet looked for (Run's goroutine only).
+	lost []string
 }
 
 // launched is one agent process and its node.
@@ -193,8 +231,11 @@ type launched struct {
 	// unasked: the process died (or its exit was claimed) without a
 	// drain; its restart is subject to the backoff.
 	unasked bool
-	// startedAt is when it started, on the launcher's Clock.
+	// startedAt is when it started, on the launcher's Clock; pidStart
+	// when, by the system's count (Linux; 0 elsewhere), for a later run
+	// to tell the process from another that has its pid.
 	startedAt time.Time
+	pidStart  uint64
 	// liar: the node's exit was claimed outside any termination while
 	// the process ran on; the launcher terminated the node and stops the
 	// process.
@@ -235,6 +276,12 @@ func NewLauncher(cfg LauncherConfig) (*Launcher, error) {
 		}
 		l.versions[v.Name] = v
 	}
+	if cfg.StateDir != "" && cfg.Instance == "" {
+		return nil, errors.New("agentsdk: a launcher StateDir needs an Instance, the name its state is kept under")
+	}
+	if cfg.StateDir != "" && !canKeepState {
+		return nil, errors.New("agentsdk: a launcher StateDir needs unix")
+	}
 	if _, ok := l.versions[cfg.Start]; !ok {
 		return nil, fmt.Errorf("agentsdk: start version %q is not among the launcher's versions", cfg.Start)
 	}
@@ -268,18 +315,47 @@ func (l *Launcher) Current() (nodeID, version string) {
 // stops the processes (SIGTERM, then SIGKILL after KillGrace) and confirms
 // their exits.
 func (l *Launcher) Run(ctx context.Context) error {
+	release, err := l.claimInstance()
+	if err != nil {
+		return err
+	}
+	defer release()
+	pause, err := l.takeOver()
+	if err != nil {
+		return err
+	}
 	if err := l.endPredecessors(ctx); err != nil {
 		return err
+	}
+	tick := time.NewTicker(l.cfg.PollEvery)
+	defer tick.Stop()
+	if pause > 0 {
+		// The previous run died soon after it started an agent: this
+		// start is a restart, and waits as the dead run would have.
+		l.cfg.Log.Warn("waiting before starting the agent: the launcher's previous run died", "instance", l.cfg.Instance, "backoff", pause)
+		for startAt := l.cfg.Clock.Now().Add(pause); l.cfg.Clock.Now().Before(startAt); {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-tick.C:
+			}
+		}
 	}
 	if err := l.launch(ctx, l.cfg.Start); err != nil {
 		return err
 	}
-	defer l.stopAll()
-	tick := time.NewTicker(l.cfg.PollEvery)
-	defer tick.Stop()
+	defer func() {
+		l.stopAll()
+		if err := l.saveState(true); err != nil {
+			l.cfg.Log.Warn("could not record the launcher's clean stop", "error", err)
+		}
+	}()
 	for {
 		if err := l.step(ctx); err != nil && ctx.Err() == nil {
 			l.cfg.Log.Warn("launcher step failed; retrying", "error", err)
+		}
+		if err := l.saveState(false); err != nil {
+			l.cfg.Log.Warn("could not record the launcher's state", "error", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -297,6 +373,9 @@ func (l *Launcher) step(ctx context.Context) error {
 	procs := append([]*launched(nil), l.procs...)
 	l.mu.Unlock()
 	var errs []error
+	if len(l.lost) > 0 {
+		errs = append(errs, l.endLost(ctx))
+	}
 	if l.restartsDue > 0 && !l.cfg.Clock.Now().Before(l.restartAt) {
 		l.restartsDue--
 		errs = append(errs, l.launchOrRetry(ctx))
@@ -436,8 +515,9 @@ func (l *Launcher) endPredecessors(ctx context.Context) error {
 	}
 	if found > 0 {
 		// A restarted launcher is a restart: the first unasked death
-		// after it waits, as the second one would.
-		l.backoff = MinRestartBackoff
+		// after it waits, as the second one would (or longer, as its
+		// StateDir says).
+		l.backoff = max(l.backoff, MinRestartBackoff)
 	}
 	return nil
 }
@@ -558,8 +638,18 @@ func (l *Launcher) launch(ctx context.Context, version string) error {
 	if l.cfg.Instance != "" {
 		labels[InstanceLabel] = l.cfg.Instance
 	}
+	reg := rand.Text()
+	labels[RegistrationLabel] = reg
 	resp, err := l.cfg.Operator.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: l.cfg.Name, Labels: labels}))
 	if err != nil {
+		// The control plane may have registered the root and the
+		// answer been lost: a root with no process, its credential
+		// alive. Look for it and terminate it (now, or in a later
+		// step), whatever the retry does (rogue38h test).
+		l.lost = append(l.lost, reg)
+		if cerr := l.endLost(ctx); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
 		return fmt.Errorf("register %s: %w", version, err)
 	}
 	node := resp.Msg.Node.NodeId
@@ -570,10 +660,27 @@ func (l *Launcher) launch(ctx context.Context, version string) error {
 	inherited := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "TETHER_") })
 	cmd.Env = append(append(inherited, v.Env...),
 		EnvAddr+"="+l.cfg.Operator.BaseURL, EnvCredential+"="+resp.Msg.Credential, EnvNodeID+"="+node, EnvVersion+"="+version)
-	cmd.Stdout, cmd.Stderr = l.cfg.Stdout, l.cfg.Stderr
+	// The process's output goes to a file the launcher hands it, never to
+	// a pipe os/exec copies: Wait would wait for that copy to end, for
+	// every process holding the pipe — an escapee in a session of its own
+	// included — and the agent's exit would go unseen (rogue38h test).
+	closeAfterStart, err := l.wireOutput(cmd)
+	if err != nil {
+		for _, f := range closeAfterStart {
+			_ = f.Close()
+		}
+		_, _ = l.cfg.Operator.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+			NodeId: node, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT, Reason: "agent process failed to start",
+		}))
+		return fmt.Errorf("start %s: %w", version, err)
+	}
 	ownGroup(cmd)
 	runAs(cmd, v.RunAs)
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	for _, f := range closeAfterStart {
+		_ = f.Close()
+	}
+	if err != nil {
 		// The node never ran: terminate it so it is not left running.
 		_, _ = l.cfg.Operator.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
 			NodeId: node, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT, Reason: "agent process failed to start",
@@ -581,7 +688,8 @@ func (l *Launcher) launch(ctx context.Context, version string) error {
 		return fmt.Errorf("start %s: %w", version, err)
 	}
 	// Before the process is waited for: /proc knows it even if it exited.
-	p := &launched{version: version, node: node, cmd: cmd, exited: make(chan struct{}), orphans: watchOrphans(cmd.Process.Pid), startedAt: l.cfg.Clock.Now()}
+	p := &launched{version: version, node: node, cmd: cmd, exited: make(chan struct{}), orphans: watchOrphans(cmd.Process.Pid), startedAt: l.cfg.Clock.Now(), pidStart: procStart(cmd.Process.Pid)}
+	l.lastStart = p.startedAt
 	if p.orphans.err != nil {
 		l.cfg.Log.Warn("the launcher cannot prove what the agent leaves behind gone; its exit will not be confirmed", "node_id", node, "error", p.orphans.err)
 	}
@@ -610,8 +718,96 @@ func (l *Launcher) launch(ctx context.Context, version string) error {
 	l.mu.Lock()
 	l.procs = append(l.procs, p)
 	l.mu.Unlock()
+	// Recorded at once, for a next run to kill it should this one die.
+	if err := l.saveState(false); err != nil {
+		l.cfg.Log.Warn("could not record the launcher's state", "error", err)
+	}
 	l.cfg.Log.Info("agent started", "node_id", node, "version", version, "pid", cmd.Process.Pid)
 	return nil
+}
+
+// wireOutput sets cmd's Stdout and Stderr from the launcher's: a writer
+// that is a file (or none) is handed to the process as it is; any other
+// gets a pipe whose write end the process is handed as a file, and a
+// goroutine of the launcher's copies what is written to it until every
+// holder has closed it. os/exec would copy it too, but its Wait would
+// not return before the copy ended. It returns the write ends to close
+// once the process has started (or failed to).
+func (l *Launcher) wireOutput(cmd *exec.Cmd) ([]*os.File, error) {
+	var opened []*os.File
+	wire := func(w io.Writer) (io.Writer, error) {
+		if w == nil {
+			return nil, nil
+		}
+		if f, ok := w.(*os.File); ok {
+			return f, nil
+		}
+		r, pw, err := os.Pipe()
+		if err != nil {
+			return nil, fmt.Errorf("agentsdk: a pipe for the agent's output: %w", err)
+		}
+		opened = append(opened, pw)
+		go func() {
+			_, _ = io.Copy(w, r)
+			_ = r.Close()
+		}()
+		return pw, nil
+	}
+	var err error
+	if cmd.Stdout, err = wire(l.cfg.Stdout); err != nil {
+		return opened, err
+	}
+	if sameWriter(l.cfg.Stderr, l.cfg.Stdout) {
+		cmd.Stderr = cmd.Stdout
+		return opened, nil
+	}
+	cmd.Stderr, err = wire(l.cfg.Stderr)
+	return opened, err
+}
+
+// sameWriter reports whether a and b are one writer (as os/exec tells it:
+// a writer of a type that cannot be compared is not).
+func sameWriter(a, b io.Writer) (same bool) {
+	defer func() { _ = recover() }()
+	return a != nil && a == b
+}
+
+// endLost looks for the roots of the registrations whose answer was an
+// error (by their RegistrationLabel) and terminates (abort) each that no
+// termination covers; a registration is forgotten once looked for.
+func (l *Launcher) endLost(ctx context.Context) error {
+	var errs []error
+	keep := l.lost[:0]
+	for _, reg := range l.lost {
+		resp, err := l.cfg.Operator.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{
+			LabelSelector: RegistrationLabel + "=" + reg, OneLevel: true,
+		}))
+		if err != nil {
+			keep = append(keep, reg)
+			errs = append(errs, fmt.Errorf("look for the root of a registration whose answer was lost: %w", err))
+			continue
+		}
+		ended := true
+		for _, n := range resp.Msg.Nodes {
+			if n.ParentNodeId != "" || n.TerminationId != "" || n.State == tetherv1.NodeState_NODE_STATE_TERMINATED {
+				continue
+			}
+			l.cfg.Log.Warn("terminating a root whose registration's answer was lost", "node_id", n.NodeId)
+			_, err := l.cfg.Operator.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+				NodeId: n.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
+				Reason: "its launcher's registration of it got no answer; no process runs it",
+			}))
+			if err != nil && connect.CodeOf(err) != connect.CodeFailedPrecondition {
+				ended = false
+				errs = append(errs, fmt.Errorf("terminate %s, whose registration's answer was lost: %w", n.NodeId, err))
+			}
+		}
+		if !ended {
+			keep = append(keep, reg)
+		}
+	}
+	l.lost = keep
+	return errors.Join(errs...)
 }
 
 // stopAll ends every process still running and confirms the exits.
@@ -642,6 +838,13 @@ func (l *Launcher) stopAll() {
 			}
 			cancel()
 		}
+	}
+	if len(l.lost) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := l.endLost(ctx); err != nil {
+			l.cfg.Log.Warn("could not end a root whose registration's answer was lost", "error", err)
+		}
+		cancel()
 	}
 }
 

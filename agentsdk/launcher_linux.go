@@ -210,3 +210,33 @@ func heldPids() map[int]bool {
 	}
 	return held
 }
+
+// procStart returns when process pid started (clock ticks since boot),
+// 0 if it cannot be read.
+func procStart(pid int) uint64 {
+	st, ok := readStat(pid)
+	if !ok {
+		return 0
+	}
+	return st.start
+}
+
+// killLeft kills (SIGKILL) process pid and the process group it leads, if
+// it is still the process that started at start: a process a previous
+// run of the launcher left. It reports whether it killed anything.
+func killLeft(pid int, start uint64) (bool, error) {
+	if start == 0 {
+		return false, fmt.Errorf("agentsdk: the start of pid %d was not recorded; it cannot be told from a later process with its pid", pid)
+	}
+	st, ok := readStat(pid)
+	if !ok || st.start != start || st.zombie {
+		return false, nil // gone (or its pid is another process's now)
+	}
+	if pg, err := syscall.Getpgid(pid); err == nil && pg == pid {
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return false, fmt.Errorf("agentsdk: kill pid %d: %w", pid, err)
+	}
+	return true, nil
+}

@@ -7,14 +7,19 @@ import (
 	"syscall"
 )
 
-// ownGroup starts cmd in a process group of its own, so that the
-// launcher can signal everything the agent's process started, not only
-// the process.
+// ownGroup starts cmd in a session of its own, which makes it a process
+// group of its own, so that the launcher can signal everything the
+// agent's process started, not only the process. A session rather than
+// only a group: in its launcher's session the agent shared its
+// launcher's controlling terminal, and could open it (/dev/tty) and type
+// into it (TIOCSTI) — commands the operator's shell runs once the
+// launcher stops — whatever user it ran as; nor can a process of its
+// session join its launcher's process group (rogue38h test).
 func ownGroup(cmd *exec.Cmd) {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
-	cmd.SysProcAttr.Setpgid = true
+	cmd.SysProcAttr.Setsid = true
 }
 
 // canRunAs: a version's processes can run as a user of their own.
