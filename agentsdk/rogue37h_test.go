@@ -241,13 +241,14 @@ func TestRogue37HARestartedLauncherBacksOffAtOnce(t *testing.T) {
 
 func init() {
 	helperLeaveGroup = func() {
-		// Into its launcher's process group (same session: allowed),
-		// leaving its own group empty; then it says where it is.
+		// Into its launcher's process group (allowed within one
+		// session), leaving its own group empty; then it says where it
+		// is, and whether it left. Since the thirty-eighth pass it starts
+		// as the leader of a session of its own (Setsid), which may not
+		// change its group: it stays, and runs on in its own group.
 		pg, err := syscall.Getpgid(os.Getppid())
-		if err != nil || syscall.Setpgid(0, pg) != nil {
-			os.Exit(9)
-		}
-		_ = os.WriteFile(os.Getenv("TETHER_LAUNCHER_HELPER_PIDFILE"), []byte(strconv.Itoa(os.Getpid())), 0o600)
+		left := err == nil && syscall.Setpgid(0, pg) == nil
+		_ = os.WriteFile(os.Getenv("TETHER_LAUNCHER_HELPER_PIDFILE"), []byte(strconv.Itoa(os.Getpid())+" "+strconv.FormatBool(left)), 0o600)
 	}
 }
 
@@ -258,7 +259,9 @@ func init() {
 // having claimed its exit and run on, it was never stopped, its exit never
 // confirmed — and the launcher's own shutdown would wait for it forever.
 // The launcher signals the process it started (through its pidfd) as well
-// as its group.
+// as its group; and since the thirty-eighth pass an agent leads a session
+// of its own, and cannot leave its group at all (which the test asserts:
+// the pidfd is the defence behind it).
 func TestRogue37HAnAgentThatLeavesItsGroupIsStillStopped(t *testing.T) {
 	srv := testserver.Start(t)
 	admin := srv.AdminClients()
@@ -269,12 +272,23 @@ func TestRogue37HAnAgentThatLeavesItsGroupIsStillStopped(t *testing.T) {
 	// for the rogue, before the fix, forever).
 	t.Cleanup(func() {
 		if b, err := os.ReadFile(pidFile); err == nil {
-			if pid, err := strconv.Atoi(string(b)); err == nil && pid > 0 {
+			if pid, err := strconv.Atoi(strings.Fields(string(b))[0]); err == nil && pid > 0 {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
 			}
 		}
 	})
-	testserver.WaitFor(t, 30*time.Second, "the launcher to stop the rogue that left its group and confirm its exit", func() bool {
+	testserver.WaitFor(t, 30*time.Second, "the launcher to stop the rogue that tried to leave its group and confirm its exit", func() bool {
 		return hasLauncherConfirmation(getNode(t, admin, first))
 	})
+	// The rogue ran on after its attempt (it claimed its exit after it),
+	// and could not leave: it leads a session of its own
+	// (TestRogue38HAnAgentCannotTypeIntoItsLaunchersTerminal). Were it
+	// let out, the launcher would still stop it through its pidfd.
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatalf("the rogue never said whether it left its group: %v", err)
+	}
+	if f := strings.Fields(string(b)); len(f) != 2 || f[1] != "false" {
+		t.Fatalf("the rogue says %q (pid, left its group): an agent moved itself out of its process group", b)
+	}
 }
