@@ -5,11 +5,15 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/agentsdk"
+	"github.com/tetherhq/tether/controlplane/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
 )
 
 // The thirty-eighth hostile pass on the agent SDKs, as used by an honest
@@ -109,5 +113,65 @@ func TestRogue38AListSubtreeListsARoguesLargeSubtreeAPageAtATime(t *testing.T) {
 	}
 	if _, err := agentsdk.ListSubtree(ctx, operator.Agent, &tetherv1.ListNodesRequest{RootNodeId: parent.NodeID(), OneLevel: true}); err == nil {
 		t.Fatal("ListSubtree with one_level: no error")
+	}
+}
+
+// TestRogue38AChildIsToldTheConfirmDeadlineWhenItsDrainEndsAtTheMark: a
+// rogue parent drains its honest child with a day's drain window and a
+// minute's confirmation wait. The child has no call in flight, so its
+// drain ends at the mark, its grants are revoked and the record waits a
+// minute for its exit; but no node changes then, so the session sent only
+// the drain signal of the request (no deadline yet, or the day's drain
+// deadline): a child that does not heartbeat (or before its next
+// last-seen write) planned a day, and its exit, unclaimed after the
+// minute, was recorded unaccounted. The session must follow its stop's
+// deadline and tell the child the minute's.
+func TestRogue38AChildIsToldTheConfirmDeadlineWhenItsDrainEndsAtTheMark(t *testing.T) {
+	ctx := context.Background()
+	parent, _, srv, _ := rogue37aRoot(t, "rogue38a-rogue-parent")
+	spawned, err := parent.Spawn(ctx, "rogue38a-child", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, err := agentsdk.Join(ctx, srv.URL, spawned.Credential, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child.HeartbeatEvery = 24 * time.Hour // no last-seen write tells it later
+	signals := rogue37aRun(t, child)
+	resp, err := parent.Conn().Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: child.NodeID(), Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN,
+		DrainWindow: durationpb.New(24 * time.Hour), ConfirmTimeout: durationpb.New(time.Minute), Reason: "rogue38a"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Msg.Termination.TerminationId
+	sup := &supervisor.Supervisor{Store: srv.Store()}
+	var confirm time.Time
+	testserver.WaitFor(t, time.Minute, "the drain to end at the mark and the grants to be revoked", func() bool {
+		term, err := sup.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		confirm = term.ConfirmDeadline
+		return term.Phase == supervisor.PhaseReconciling && term.Revoked
+	})
+	guard := time.NewTimer(time.Minute) // against a hang, not a timing
+	defer guard.Stop()
+	for {
+		select {
+		case s := <-signals:
+			if s.Abort {
+				t.Fatalf("aborted before it was told the confirmation deadline: %+v", s)
+			}
+			if s.TerminationID == id && s.Deadline.Equal(confirm) {
+				if got := child.DrainDeadline(); !got.Equal(confirm) {
+					t.Fatalf("DrainDeadline is %v, the stop's confirmation deadline %v", got, confirm)
+				}
+				return
+			}
+		case <-guard.C:
+			t.Fatalf("the child was never told its stop's confirmation deadline %v (its drain ended at the mark); DrainDeadline %v", confirm, child.DrainDeadline())
+		}
 	}
 }

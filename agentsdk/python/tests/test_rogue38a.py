@@ -5,9 +5,12 @@ answer larger than a connection reads."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
-from tether_agentsdk import Agent, ConnectError, Conn, _connect, list_subtree
+from helpers import terminate, wait_for
+from tether_agentsdk import Agent, ConnectError, Conn, _connect, _wire, list_subtree
 from tether_agentsdk._connect import RESOURCE_EXHAUSTED
 
 
@@ -45,3 +48,20 @@ def test_rogue38a_list_subtree_lists_a_rogues_large_subtree_a_page_at_a_time(ser
         conn.close()
     assert len(list_subtree(rogue.conn, page_size=8)) == count + 1, "the rogue's own subtree when no root is named"
     rogue.conn.close()
+
+
+def test_rogue38a_a_child_is_told_the_confirm_deadline_when_its_drain_ends_at_the_mark(server, tree):
+    # A rogue parent drains its honest child with a day's drain window and a
+    # minute's wait for its exit. The child has no call in flight: its drain
+    # ends at the mark, its grants are revoked, the record waits a minute;
+    # no node changes then, so the signals stream told it no deadline or
+    # the day's. Heartbeats (whose answers read it) are off here: the
+    # stream must tell it the minute's.
+    child = Agent.join(server.url, tree.root.spawn("rogue38a-child").credential)
+    child.heartbeat_every = 86400
+    with child:
+        assert child.opened.wait(10)
+        asked = terminate(tree.root.conn, child.node_id, "drain", window="86400s", confirm="60s")
+        wait_for("the minute's confirmation deadline",
+                 lambda: child.drain_deadline is not None
+                 and child.drain_deadline < _wire.parse_timestamp(asked["requestedAt"]) + timedelta(hours=1), timeout=50)

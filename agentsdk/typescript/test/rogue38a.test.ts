@@ -8,7 +8,10 @@ import { after, before, describe, test } from "node:test";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { createConnectTransport, Http2SessionManager } from "@connectrpc/connect-node";
 
+import { timestampDate } from "@bufbuild/protobuf/wkt";
+
 import { Agent, Conn, listSubtree } from "../src/index.js";
+import { TerminationMode } from "../src/gen/tether/v1/proposal_pb.js";
 import { startServer, TestServer } from "./server.js";
 
 let server: TestServer;
@@ -73,6 +76,46 @@ describe("rogue38a: listing a rogue's large subtree", () => {
     } finally {
       for (const s of sessions) s.abort();
       rogue.conn.close();
+    }
+  });
+});
+
+/** Resolves once cond() holds, checked every 20 ms; rejects after ms (a guard against a hang, not a timing). */
+async function until(cond: () => boolean, ms: number, what: string): Promise<void> {
+  for (let waited = 0; !cond(); waited += 20) {
+    if (waited >= ms) throw new Error(`${what} did not happen within ${ms} ms`);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
+
+describe("rogue38a: the stop's deadline follows the stop", () => {
+  test("a child whose drain ends at the mark is told the confirmation deadline", async () => {
+    // A rogue parent drains its honest child with a day's drain window and a
+    // minute's wait for its exit. The child has no call in flight: its
+    // drain ends at the mark, its grants are revoked, the record waits a
+    // minute; no node changes then, so the session told it no deadline or
+    // the day's. Heartbeats are rare here: the session must tell it the
+    // minute's.
+    const { agent: parent } = await server.rootAgent("rogue38a-rogue-parent");
+    const spawned = await parent.spawn("rogue38a-child");
+    const child = await Agent.join(server.baseUrl, spawned.credential, { retry: { attempts: 1 } });
+    const stop = new AbortController();
+    const session = child.run({ signal: stop.signal, heartbeatMs: 86_400_000 }).catch(() => {});
+    try {
+      await child.opened;
+      const resp = await parent.conn.supervisor.terminate({
+        nodeId: child.nodeId,
+        mode: TerminationMode.DRAIN,
+        drainWindow: { seconds: 86_400n },
+        confirmTimeout: { seconds: 60n },
+        reason: "rogue38a",
+      });
+      const asked = timestampDate(resp.termination!.requestedAt!).getTime();
+      await until(() => child.drainDeadline !== undefined && child.drainDeadline.getTime() < asked + 3_600_000, 50_000, "the minute's confirmation deadline");
+    } finally {
+      stop.abort();
+      await session;
+      child.conn.close();
     }
   });
 });
