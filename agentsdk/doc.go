@@ -12,6 +12,12 @@
 // hint, up to DefaultRetry's attempts, within the call's deadline
 // (WithRetry; RetryPolicy), as the TypeScript and Python SDKs do.
 //
+// ListSubtree (TypeScript listSubtree, Python list_subtree) lists a
+// subtree a page at a time (ListNodes subtree_pages) and follows the pages
+// to its end: ListNodes of a subtree without subtree_pages answers it in
+// one message, which a rogue in the subtree makes larger than a Conn reads
+// (MaxMessageBytes) by spawning children that carry every label allowed.
+//
 // For agent frameworks:
 //
 //   - Agent registers (or joins with a credential its parent obtained by

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane/embedded"
+	"github.com/tetherhq/tether/controlplane/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
 )
@@ -70,42 +71,51 @@ func rogue37aDrain(t *testing.T, conn *agentsdk.Conn, node string, window time.D
 	return resp.Msg.Termination.TerminationId
 }
 
-// rogue37aDrainSignal waits for a drain signal of termination id that
-// carries a deadline among signals (its first may come before the
-// termination set one: a later one, at the node's next change, has it).
-func rogue37aDrainSignal(t *testing.T, signals <-chan agentsdk.Signal, id string) agentsdk.Signal {
+// rogue37aDrainSignal waits for a drain signal of termination term that
+// carries want among signals (its first may come before the termination
+// set a deadline, the next with its drain deadline before the drain ended:
+// the session sends it again as the deadline changes), and fails on one
+// that carries a deadline the termination never held.
+func rogue37aDrainSignal(t *testing.T, signals <-chan agentsdk.Signal, term supervisor.Termination, want time.Time) agentsdk.Signal {
 	t.Helper()
 	guard := time.NewTimer(time.Minute) // against a hang, not a timing
 	defer guard.Stop()
 	for {
 		select {
 		case s := <-signals:
-			if !s.Abort && s.TerminationID == id && !s.Deadline.IsZero() {
+			if s.Abort || s.TerminationID != term.ID || s.Deadline.IsZero() {
+				continue
+			}
+			if s.Deadline.Equal(want) {
 				return s
 			}
+			if !s.Deadline.Equal(term.DrainDeadline) && !s.Deadline.Equal(term.ConfirmDeadline) {
+				t.Fatalf("a drain signal of termination %s carries %v, neither its drain deadline %v nor its confirmation deadline %v", term.ID, s.Deadline, term.DrainDeadline, term.ConfirmDeadline)
+			}
 		case <-guard.C:
-			t.Fatalf("no drain signal of termination %s with a deadline", id)
+			t.Fatalf("no drain signal of termination %s with its deadline %v", term.ID, want)
 		}
 	}
 }
 
-// rogue37aStopDeadline is the termination's next deadline as the control
-// plane stores it (the API does not show it): its drain deadline while it
-// drains, its confirmation deadline once it reconciles.
-func rogue37aStopDeadline(t *testing.T, srv *embedded.Server, id string) time.Time {
+// rogue37aStopDeadline waits for the termination's deadline to settle (the
+// agent has no call in flight: its drain ends at the mark, then its grants
+// are revoked) and returns it as the control plane stores it (the API does
+// not show it), the confirmation deadline, with the termination.
+func rogue37aStopDeadline(t *testing.T, srv *embedded.Server, id string) (time.Time, supervisor.Termination) {
 	t.Helper()
-	term, err := (&supervisor.Supervisor{Store: srv.Store()}).Get(context.Background(), id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := term.DrainDeadline
-	if term.Phase == supervisor.PhaseReconciling {
-		d = term.ConfirmDeadline
-	}
-	if d.IsZero() {
+	var term supervisor.Termination
+	testserver.WaitFor(t, time.Minute, "termination "+id+" to revoke its grants", func() bool {
+		var err error
+		if term, err = (&supervisor.Supervisor{Store: srv.Store()}).Get(context.Background(), id); err != nil {
+			t.Fatal(err)
+		}
+		return term.Phase == supervisor.PhaseReconciling && term.Revoked
+	})
+	if term.ConfirmDeadline.IsZero() {
 		t.Fatalf("termination %s has no deadline (phase %s)", id, term.Phase)
 	}
-	return d
+	return term.ConfirmDeadline, term
 }
 
 // rogue37aRoot registers a root agent on a fresh control plane and runs
@@ -144,8 +154,8 @@ func rogue37aRun(t *testing.T, a *agentsdk.Agent) <-chan agentsdk.Signal {
 func TestRogue37ADrainSignalCarriesItsTerminationsDeadline(t *testing.T) {
 	a, operator, srv, signals := rogue37aRoot(t, "rogue37a-deadline")
 	id := rogue37aDrain(t, operator, a.NodeID(), time.Hour)
-	sig := rogue37aDrainSignal(t, signals, id)
-	want := rogue37aStopDeadline(t, srv, id)
+	want, term := rogue37aStopDeadline(t, srv, id)
+	sig := rogue37aDrainSignal(t, signals, term, want)
 	if !sig.Deadline.Equal(want) {
 		t.Fatalf("the drain signal's deadline is %v, its termination's %v", sig.Deadline, want)
 	}
@@ -174,14 +184,14 @@ func TestRogue37AParentsLongDrainDoesNotHideTheOperatorsShorterOne(t *testing.T)
 	signals := rogue37aRun(t, child)
 
 	parents := rogue37aDrain(t, parent.Conn(), child.NodeID(), 24*time.Hour)
-	sig := rogue37aDrainSignal(t, signals, parents)
-	parentsDeadline := rogue37aStopDeadline(t, srv, parents)
+	parentsDeadline, parentsTerm := rogue37aStopDeadline(t, srv, parents)
+	sig := rogue37aDrainSignal(t, signals, parentsTerm, parentsDeadline)
 	if !sig.Deadline.Equal(parentsDeadline) {
 		t.Fatalf("the parent's drain signal's deadline is %v, its termination's %v", sig.Deadline, parentsDeadline)
 	}
 	operators := rogue37aDrain(t, operator, child.NodeID(), time.Minute)
-	rogue37aDrainSignal(t, signals, operators)
-	want := rogue37aStopDeadline(t, srv, operators)
+	want, operatorsTerm := rogue37aStopDeadline(t, srv, operators)
+	rogue37aDrainSignal(t, signals, operatorsTerm, want)
 	if !want.Before(parentsDeadline) {
 		t.Fatalf("the operator's stop's deadline %v is not before the parent's %v", want, parentsDeadline)
 	}

@@ -57,15 +57,23 @@ func (a *agentService) Session(ctx context.Context, stream *connect.BidiStream[t
 	if err := send(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Opened{Opened: &tetherv1.SessionOpened{Node: wire.Node(node)}}}); err != nil {
 		return err
 	}
+	signal, resend, stopFollowing := a.s.signalsOut(ctx)
+	defer stopFollowing()
 	if sig := tree.SignalFor(node); sig != nil {
-		if err := send(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Signal{Signal: a.s.signalOut(ctx, sig)}}); err != nil {
+		if err := send(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Signal{Signal: signal(sig)}}); err != nil {
 			return err
 		}
 	}
 	for {
 		select {
+		case <-resend.wake:
+			if sig := resend.again(); sig != nil {
+				if err := send(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Signal{Signal: signal(sig)}}); err != nil {
+					return err
+				}
+			}
 		case sig := <-signals:
-			if err := send(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Signal{Signal: a.s.signalOut(ctx, sig)}}); err != nil {
+			if err := send(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Signal{Signal: signal(sig)}}); err != nil {
 				return err
 			}
 			// The session dies with the node: once it is terminated, its
@@ -113,8 +121,9 @@ func (s *Server) signalOut(ctx context.Context, sig *tree.SessionSignal) *tether
 // are revoked, its confirmation deadline (its record is then written, the
 // node terminated and its credential refused; an exit unclaimed by then is
 // unaccounted). Zero before the termination set either (its request marks
-// its root draining before its mark sets the drain deadline; a node's next
-// change sends its signal again, with the deadline).
+// its root draining before its mark sets the drain deadline; the stream's
+// drainFollower sends the signal again once it is set, and once it moves
+// on to the confirmation deadline).
 func stopDeadline(t supervisor.Termination) time.Time {
 	switch t.Phase {
 	case supervisor.PhaseDraining:
@@ -324,8 +333,10 @@ func (a *agentService) WatchSignals(ctx context.Context, req *connect.Request[te
 	if err := stream.Send(&tetherv1.WatchSignalsResponse{Kind: &tetherv1.WatchSignalsResponse_Opened{Opened: &tetherv1.SessionOpened{Node: wire.Node(node)}}}); err != nil {
 		return err
 	}
+	signal, resend, stopFollowing := a.s.signalsOut(ctx)
+	defer stopFollowing()
 	if sig := tree.SignalFor(node); sig != nil {
-		if err := stream.Send(&tetherv1.WatchSignalsResponse{Kind: &tetherv1.WatchSignalsResponse_Signal{Signal: a.s.signalOut(ctx, sig)}}); err != nil {
+		if err := stream.Send(&tetherv1.WatchSignalsResponse{Kind: &tetherv1.WatchSignalsResponse_Signal{Signal: signal(sig)}}); err != nil {
 			return err
 		}
 	}
@@ -333,8 +344,14 @@ func (a *agentService) WatchSignals(ctx context.Context, req *connect.Request[te
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-resend.wake:
+			if sig := resend.again(); sig != nil {
+				if err := stream.Send(&tetherv1.WatchSignalsResponse{Kind: &tetherv1.WatchSignalsResponse_Signal{Signal: signal(sig)}}); err != nil {
+					return err
+				}
+			}
 		case sig := <-signals:
-			if err := stream.Send(&tetherv1.WatchSignalsResponse{Kind: &tetherv1.WatchSignalsResponse_Signal{Signal: a.s.signalOut(ctx, sig)}}); err != nil {
+			if err := stream.Send(&tetherv1.WatchSignalsResponse{Kind: &tetherv1.WatchSignalsResponse_Signal{Signal: signal(sig)}}); err != nil {
 				return err
 			}
 			if err := a.s.sessionAlive(ctx, p.NodeID()); err != nil {

@@ -1303,6 +1303,9 @@ type SessionSignal struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Kind          SignalKind             `protobuf:"varint,1,opt,name=kind,proto3,enum=tether.v1.SignalKind" json:"kind,omitempty"`
 	TerminationId string                 `protobuf:"bytes,2,opt,name=termination_id,json=terminationId,proto3" json:"termination_id,omitempty"`
+	// A drain's: its stop's next deadline on the control plane's clock (the
+	// drain window's end, then the end of the wait for the exit), unset
+	// before the stop set it; a session sends the drain again as it changes.
 	Deadline      *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=deadline,proto3" json:"deadline,omitempty"`
 	Reason        string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields

@@ -12,7 +12,7 @@ the caller drains, cancelled on abort) and Verifier.
 """
 
 from ._connect import DEFAULT_RETRY, ConnectError, Conn, Retry, ServerStream
-from .agent import Aborted, Agent, Child, Grant, Signal, TokenSource
+from .agent import Aborted, Agent, Child, Grant, Signal, TokenSource, list_subtree
 from .fence import (
     HEADER_JOB_ID, HEADER_LEASE_GENERATION, Authority, Fence, Fenced, NoAuthority, UnissuedGeneration, issued_generations,
 )
@@ -31,5 +31,5 @@ __all__ = [
     "issued_generations", "Authority", "NoAuthority", "GateCall", "Grant", "GrantRevoked", "HAVE_CRYPTOGRAPHY", "Job", "LeaseWorker",
     "SUCCESS", "ScopeNotGranted", "ServerStream", "Signal", "Spooled", "TokenExpired", "TokenInvalid",
     "TokenSource", "ToolCallCancelled", "ToolGate", "ToolRefused", "Verifier", "VerifyError", "allows",
-    "current_call", "tool_gate", "WorkerClosed",
+    "current_call", "list_subtree", "tool_gate", "WorkerClosed",
 ]

@@ -11,12 +11,42 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from . import _wire
-from ._connect import FAILED_PRECONDITION, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, Retry, close_stream
+from ._connect import FAILED_PRECONDITION, INTERNAL, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, Retry, close_stream
 
 log = logging.getLogger("tether_agentsdk")
 
 DRAIN = "SIGNAL_KIND_DRAIN"
 ABORT = "SIGNAL_KIND_ABORT"
+
+
+def list_subtree(conn: Conn, root_node_id: str = "", label_selector: str = "", *, page_size: int = 0,
+                 page_token: str = "") -> list[dict]:
+    """Lists a subtree whole (the calling agent's own when no root is
+    named), matching label_selector, depth first with each node's children
+    in id order, a page at a time: it asks for the subtree's pages
+    (``ListNodes`` with ``subtreePages``, page_size nodes read a call, the
+    server's 1,000 at most and by default) and follows their
+    ``nextPageToken`` to the end. ``ListNodes`` with a root and without
+    ``subtreePages`` answers the subtree in one message, which a rogue in it
+    makes larger than the connection reads (16 MiB: about 3,800 nodes
+    carrying every label allowed, fewer as JSON) simply by spawning, so that
+    its parent's or an operator's listing of it fails; each page here is
+    bounded however large the subtree grew. Each page is its own snapshot,
+    and each is a request of the caller's rate budget. The Go SDK's
+    ``agentsdk.ListSubtree``, the TypeScript SDK's ``listSubtree``."""
+    out: list[dict] = []
+    token = page_token
+    while True:
+        resp = conn.call("AgentService", "ListNodes", {"rootNodeId": root_node_id, "labelSelector": label_selector,
+                                                       "pageSize": page_size, "pageToken": token, "subtreePages": True})
+        out.extend(resp.get("nodes", []))
+        nxt = resp.get("nextPageToken", "")
+        if not nxt:
+            return out
+        if nxt == token:
+            # A continuation that does not move on would be asked for for ever.
+            raise ConnectError(INTERNAL, "list_subtree: the control plane answered the page it was asked for as the next one")
+        token = nxt
 
 
 @dataclass(frozen=True)

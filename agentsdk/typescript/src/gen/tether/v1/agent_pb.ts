@@ -572,6 +572,10 @@ export type SessionSignal = Message<"tether.v1.SessionSignal"> & {
   terminationId: string;
 
   /**
+   * A drain's: its stop's next deadline on the control plane's clock (the
+   * drain window's end, then the end of the wait for the exit), unset
+   * before the stop set it; a session sends the drain again as it changes.
+   *
    * @generated from field: google.protobuf.Timestamp deadline = 3;
    */
   deadline?: Timestamp | undefined;
