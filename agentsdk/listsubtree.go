@@ -3,6 +3,7 @@ package agentsdk
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"connectrpc.com/connect"
 
@@ -48,4 +49,45 @@ func ListSubtree(ctx context.Context, c tetherv1connect.AgentServiceClient, req 
 		}
 		page = &tetherv1.ListNodesRequest{RootNodeId: req.RootNodeId, LabelSelector: req.LabelSelector, PageSize: req.PageSize, PageToken: next, SubtreePages: true}
 	}
+}
+
+// AncestorPaths names each node's ancestors, root first, by name and
+// separated by "/" (which no name holds), "-" for a root: names are not
+// unique, and a rogue's child named worker-2 with worker-2's labels reads
+// in a listing as the real one but for two ids. An ancestor among nodes
+// is named from them, another read once with c (at most maxReads of
+// them), one not read (past the bound, or not the caller's to read) by
+// its id. The CLI's `agent ls` and the console's filtered tree view name
+// their rows' ancestors with it.
+func AncestorPaths(ctx context.Context, c tetherv1connect.AgentServiceClient, nodes []*tetherv1.Node, maxReads int) map[string]string {
+	names := make(map[string]string, len(nodes))
+	for _, n := range nodes {
+		names[n.NodeId] = n.Name
+	}
+	reads := 0
+	paths := make(map[string]string, len(nodes))
+	for _, n := range nodes {
+		if len(n.Ancestors) == 0 {
+			paths[n.NodeId] = "-"
+			continue
+		}
+		parts := make([]string, len(n.Ancestors))
+		for i, a := range n.Ancestors {
+			name, ok := names[a]
+			if !ok && reads < maxReads {
+				reads++
+				name = a
+				if got, err := c.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: a})); err == nil {
+					name = got.Msg.Node.Name
+				}
+				names[a], ok = name, true
+			}
+			if !ok {
+				name = a
+			}
+			parts[i] = name
+		}
+		paths[n.NodeId] = strings.Join(parts, "/")
+	}
+	return paths
 }

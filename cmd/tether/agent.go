@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/internal/sortedmap"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/tree"
@@ -186,7 +187,7 @@ func agentList(g *globals) *cobra.Command {
 			}
 			var paths map[string]string
 			if asJSON, _ := g.wantJSON(); !asJSON {
-				paths = ancestorPaths(cmd.Context(), c, nodes)
+				paths = agentsdk.AncestorPaths(cmd.Context(), c.Agent, nodes, maxPathReads)
 			}
 			if err := printList(g, cmd.OutOrStdout(), nodes, "NODE\tNAME\tPATH\tPARENT\tSTATE\tLABELS", func(n *tetherv1.Node) []string {
 				return []string{n.NodeId, n.Name, paths[n.NodeId], orDash(n.ParentNodeId), tree.StateName(tree.NodeState(n.State)), formatLabels(n.Labels)}
@@ -208,45 +209,6 @@ func agentList(g *globals) *cobra.Command {
 // of a page's nodes that the page does not hold; past it an ancestor is
 // named by its id.
 const maxPathReads = 100
-
-// ancestorPaths names each node's ancestors, root first, by name and
-// separated by "/" (which no name holds), "-" for a root: names are not
-// unique, and a rogue's child named worker-2 with worker-2's labels read
-// in a listing as the real one but for two ids. An ancestor the page holds
-// is named from it, another read once (at most maxPathReads of them), one
-// not read (past the bound, or not the caller's to read) by its id.
-func ancestorPaths(ctx context.Context, c *clients, nodes []*tetherv1.Node) map[string]string {
-	names := make(map[string]string, len(nodes))
-	for _, n := range nodes {
-		names[n.NodeId] = n.Name
-	}
-	reads := 0
-	paths := make(map[string]string, len(nodes))
-	for _, n := range nodes {
-		if len(n.Ancestors) == 0 {
-			paths[n.NodeId] = "-"
-			continue
-		}
-		parts := make([]string, len(n.Ancestors))
-		for i, a := range n.Ancestors {
-			name, ok := names[a]
-			if !ok && reads < maxPathReads {
-				reads++
-				name = a
-				if got, err := c.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: a})); err == nil {
-					name = got.Msg.Node.Name
-				}
-				names[a], ok = name, true
-			}
-			if !ok {
-				name = a
-			}
-			parts[i] = name
-		}
-		paths[n.NodeId] = strings.Join(parts, "/")
-	}
-	return paths
-}
 
 func formatLabels(l map[string]string) string {
 	return sortedmap.Join(l, "-", ",", func(k, v string) string { return k + "=" + v })

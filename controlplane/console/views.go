@@ -45,7 +45,7 @@ type treeData struct {
 	Roots   []*treeNode
 	Matches []*tetherv1.Node // when filtered: a flat list
 	// Paths: each match's ancestors by name, root first ("-" for a root),
-	// as ancestorPaths names them.
+	// as agentsdk.AncestorPaths names them.
 	Paths    map[string]string
 	Filtered bool
 	Total    int // the nodes shown
@@ -202,7 +202,7 @@ func (c *Console) filteredTree(ctx context.Context, w http.ResponseWriter, r *ht
 			break
 		}
 	}
-	d.Paths = ancestorPaths(ctx, s, d.Matches)
+	d.Paths = agentsdk.AncestorPaths(ctx, s.clients.Agent, d.Matches, maxPathReads)
 	if token != "" {
 		v := url.Values{"after": {token}}
 		for k, x := range map[string]string{"selector": d.Selector, "state": d.State, "root": d.Root} {
@@ -219,46 +219,6 @@ func (c *Console) filteredTree(ctx context.Context, w http.ResponseWriter, r *ht
 // ancestors of its matches that the page does not hold; past it an
 // ancestor is named by its id.
 const maxPathReads = 100
-
-// ancestorPaths names each node's ancestors, root first, separated by "/"
-// (which no name holds), "-" for a root: names are not unique, and a
-// rogue's child named worker-2 with worker-2's labels read in the
-// filtered view as the real one but for two ids. An ancestor among the
-// nodes is named from them, another read once (at most maxPathReads of
-// them), one not read (past the bound, or not the operator's to read) by
-// its id.
-func ancestorPaths(ctx context.Context, s *session, nodes []*tetherv1.Node) map[string]string {
-	names := make(map[string]string, len(nodes))
-	for _, n := range nodes {
-		names[n.NodeId] = n.Name
-	}
-	reads := 0
-	paths := make(map[string]string, len(nodes))
-	for _, n := range nodes {
-		if len(n.Ancestors) == 0 {
-			paths[n.NodeId] = "-"
-			continue
-		}
-		parts := make([]string, len(n.Ancestors))
-		for i, a := range n.Ancestors {
-			name, ok := names[a]
-			if !ok && reads < maxPathReads {
-				reads++
-				name = a
-				if got, err := s.clients.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: a})); err == nil {
-					name = got.Msg.Node.Name
-				}
-				names[a], ok = name, true
-			}
-			if !ok {
-				name = a
-			}
-			parts[i] = name
-		}
-		paths[n.NodeId] = strings.Join(parts, "/")
-	}
-	return paths
-}
 
 // ---- a node ----
 
