@@ -793,6 +793,8 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 						exited, err = h.holderGone(ctx, l.HolderIdentity)
 					}
 				}
+			} else if caller != "" && generation < l.Generation && l.Party(caller, generation) {
+				err = h.supersededByParty(ctx, p, l, caller, generation, req.Msg.CallId)
 			}
 		} else if admitsFenced(l, generation) {
 			exited, err = h.holderGone(ctx, l.HolderIdentity)
@@ -878,6 +880,27 @@ func (h *leaseService) fencedByExit(ctx context.Context, p auth.Principal, l lea
 		return true, nil
 	}
 	return false, toConnect(err)
+}
+
+// supersededByParty keeps a side effect under a superseded generation of
+// l's job on caller, the node of the gate's call that attempted it (read
+// from the ledger: its own call, so it frames nobody), when caller is a
+// party to the job (l.Party: its holder, or a former holder): its
+// activity as its tool saw it, a tool call contradicting its exit if its
+// exit was confirmed (thirty-eighth pass). The fence refuses the side
+// effect all the same; until then a former holder's call writing after
+// its exit under its old generation was refused without a word to the
+// control plane, and its record read CONFIRMED. A read naming no call
+// (an ungated fence) is not weighed: anyone naming the job and an old
+// generation would frame its former holders (design §11).
+func (h *leaseService) supersededByParty(ctx context.Context, p auth.Principal, l lease.Lease, caller string, generation uint64, callID string) error {
+	detail := fmt.Sprintf("a side effect under job %q generation %d, superseded by generation %d, asked about by %s for its call %q", l.JobID, generation, l.Generation, p.ID(), callID)
+	_, err := h.s.agentAct(ctx, caller, tree.ActivityToolCall, detail)
+	switch {
+	case err == nil, errors.Is(err, tree.ErrNodeExited), errors.Is(err, auth.ErrRevoked):
+		return nil
+	}
+	return toConnect(err)
 }
 
 // callerOf returns the node whose tool call callID is, for a tool server's
