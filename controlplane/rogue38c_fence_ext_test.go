@@ -92,3 +92,50 @@ func TestRogue38CAFormerHoldersSideEffectAfterItsExitIsCounted(t *testing.T) {
 		t.Fatalf("the former holder's contradictions after its side effect under its superseded generation: %v (%v), want one tool_call naming its call", contradictionKinds(added), added)
 	}
 }
+
+// TestRogue38CAToolServerCannotFrameAFormerHolderWithAnEndedCall: the
+// read that counts a superseded generation against the call's node takes
+// the call from the ledger, but a tool server names whichever of its
+// gate's calls it likes. A rogue tool server that once served an honest
+// agent named that agent's call, long ended, after the agent had exited and
+// its job had moved on, with the agent's superseded generation: the agent's
+// record read unaccounted for a side effect no call of it attempted (seen
+// failing before the fix: a tool_call contradiction on the honest former
+// holder). Only a call still under way is weighed so: a side effect
+// happens within its call.
+func TestRogue38CAToolServerCannotFrameAFormerHolderWithAnEndedCall(t *testing.T) {
+	ctx := context.Background()
+	w := newLeaseWorld(t)
+	const toolName = "rogue38c-rogue-tool"
+	tool := w.srv.Clients(w.srv.ToolServerToken(t, toolName))
+	honestToken := rogue37cIssue(t, w.admin, w.w2)
+
+	job := w.job()
+	first, d := unary{w.w2C}.send(t, ack(w.offer(t, job, w.w2, 10*time.Minute)))
+	wantDecision(t, "the holder's ack", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_ACKED)
+	begun, err := tool.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: honestToken, Tool: "write", GateId: toolName}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := begun.Msg.Call.CallId
+	if _, err := tool.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: call, GateId: toolName})); err != nil {
+		t.Fatal(err)
+	}
+	w.endSession(t, w.w2C, w.w2)
+	if _, err := w.w2C.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: w.w2, Reason: "done, gone"})); err != nil {
+		t.Fatal(err)
+	}
+	w.reassign(t, job, w.w1, 10*time.Minute)
+	before := len(getNode(t, w.admin, w.w2).Contradictions)
+
+	resp, err := tool.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: job, LeaseGeneration: first.LeaseGeneration, CallId: call}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Msg.Lease.GetLeaseGeneration() <= first.LeaseGeneration || resp.Msg.Lease.GetExpiresAt() != nil {
+		t.Fatalf("the rogue tool server's read of the superseded generation: %v", resp.Msg)
+	}
+	if n := getNode(t, w.admin, w.w2); len(n.Contradictions) != before {
+		t.Fatalf("a tool server naming the exited former holder's ended call kept %v on it: framed", contradictionKinds(n.Contradictions[before:]))
+	}
+}
