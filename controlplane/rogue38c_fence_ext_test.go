@@ -29,8 +29,19 @@ import (
 // nobody. An ungated read, or another agent's call, naming the same
 // superseded generation keeps nothing on anyone.
 func TestRogue38CAFormerHoldersSideEffectAfterItsExitIsCounted(t *testing.T) {
+	formerHoldersSideEffectIsCounted(t, newLeaseWorld(t))
+}
+
+// The same on etcd, where the nodes and the ledger are read from the store.
+func TestRogue38CEtcdAFormerHoldersSideEffectAfterItsExitIsCounted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the etcd variant; make test and CI run them.")
+	}
+	formerHoldersSideEffectIsCounted(t, newLeaseWorldOnEtcd(t))
+}
+
+func formerHoldersSideEffectIsCounted(t *testing.T, w *leaseWorld) {
 	ctx := context.Background()
-	w := newLeaseWorld(t)
 	const toolName = "rogue38c-tool"
 	gate := realGate(t, w.srv, toolName)
 	toolToken := w.srv.ToolServerToken(t, toolName)
