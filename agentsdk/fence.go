@@ -181,6 +181,12 @@ func jobIDProblem(job string) string {
 // raises its highest generation to
 // the coordinator's.
 //
+// A side effect under a generation older than the highest seen is refused
+// (ErrFenced) without asking, except behind a ToolGate: the fence then asks
+// all the same, naming the gate's call, so that the control plane keeps a
+// former holder's side effect after its exit on it (a call's own node
+// frames nobody); an ungated fence's read would name no caller.
+//
 // Freshness: with MaxStale zero (the default) the fence asks for every
 // side effect it does not refuse on its own, so a cancel, an expiry, a
 // resolution or a reassignment the coordinator has recorded refuses the
@@ -254,6 +260,19 @@ func (f *Fence) AdmitContext(ctx context.Context, job string, generation uint64)
 	e := f.jobs[job]
 	if generation < e.highest {
 		f.mu.Unlock()
+		if f.Check != nil && GateCallID(ctx) != "" {
+			// Refused all the same, but asked about: the read names the
+			// gate's call, and the control plane keeps a side effect
+			// under a superseded generation on the call's node when it
+			// held the job (a former holder writing after its exit),
+			// which a refusal made here alone never told it. An ungated
+			// fence does not ask: its read names no caller, and anyone
+			// naming the job and an old generation would frame its
+			// former holders.
+			if a, err := f.Check(ctx, job, generation); err == nil {
+				f.Observe(job, a.Generation)
+			}
+		}
 		return fenced(job, generation, e.highest)
 	}
 	if f.Check == nil || (f.MaxStale > 0 && generation == e.active && caller == e.caller && askedAt.Before(e.until)) {

@@ -347,8 +347,12 @@ func TestLeaseProbeCancelDuringDisconnect(t *testing.T) {
 		wantDecision(t, "renew after cancel", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_INVALID_TRANSITION)
 		_, d = w1.send(t, complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS))
 		wantDecision(t, "success after cancel", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_INVALID_TRANSITION)
-		w.clock.Advance(30 * time.Second) // the lease runs out: nothing ends the job on its own
-		if got := w.get(t, job); got.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_UNSPECIFIED || !got.CancelRequested {
+		// The lease runs out with the cancel standing: the coordinator's
+		// policy reconciles it explicitly, UNRESOLVED and bounded, never as
+		// the holder's word (thirty-eighth pass; before, it stayed EXPIRED
+		// and open until someone resolved it).
+		w.clock.Advance(30 * time.Second)
+		if got := w.get(t, job); got.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED || !got.CancelRequested || !got.ResolvedByCoordinator || got.UnresolvedUntil == nil {
 			t.Fatalf("before reconciliation: %v", got)
 		}
 		res, err := w.plannerC.Lease.Resolve(context.Background(), connect.NewRequest(&tetherv1.ResolveRequest{JobId: job, Result: tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED, Reason: "cancelled; the worker never confirmed"}))

@@ -756,9 +756,9 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 	// The node whose tool call asked, when the fence named the call (a
 	// ToolGate's, which this tool server began): read from the ledger, not
 	// from anyone's word.
-	caller := ""
+	caller, callOpen := "", false
 	if err == nil && req.Msg.CallId != "" {
-		caller, err = h.callerOf(ctx, p, req.Msg.CallId)
+		caller, callOpen, err = h.callerOf(ctx, p, req.Msg.CallId)
 	}
 	// A read naming a generation is a fence's question about a side effect
 	// under it: when that is the job's current generation and it would
@@ -793,6 +793,8 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 						exited, err = h.holderGone(ctx, l.HolderIdentity)
 					}
 				}
+			} else if callOpen && generation < l.Generation && l.Party(caller, generation) {
+				err = h.supersededByParty(ctx, p, l, caller, generation, req.Msg.CallId)
 			}
 		} else if admitsFenced(l, generation) {
 			exited, err = h.holderGone(ctx, l.HolderIdentity)
@@ -880,24 +882,49 @@ func (h *leaseService) fencedByExit(ctx context.Context, p auth.Principal, l lea
 	return false, toConnect(err)
 }
 
+// supersededByParty keeps a side effect under a superseded generation of
+// l's job on caller, the node of the gate's call that attempted it (read
+// from the ledger: its own call, so it frames nobody), when caller is a
+// party to the job (l.Party: its holder, or a former holder): its
+// activity as its tool saw it, a tool call contradicting its exit if its
+// exit was confirmed (thirty-eighth pass). The fence refuses the side
+// effect all the same; until then a former holder's call writing after
+// its exit under its old generation was refused without a word to the
+// control plane, and its record read CONFIRMED. A read naming no call
+// (an ungated fence) is not weighed: anyone naming the job and an old
+// generation would frame its former holders (design §11); nor one naming a
+// call that has ended, which attempts no side effect: a tool server naming
+// its gate's old call of an honest agent framed it after its exit
+// (TestRogue38CAToolServerCannotFrameAFormerHolderWithAnEndedCall).
+func (h *leaseService) supersededByParty(ctx context.Context, p auth.Principal, l lease.Lease, caller string, generation uint64, callID string) error {
+	detail := fmt.Sprintf("a side effect under job %q generation %d, superseded by generation %d, asked about by %s for its call %q", l.JobID, generation, l.Generation, p.ID(), callID)
+	_, err := h.s.agentAct(ctx, caller, tree.ActivityToolCall, detail)
+	switch {
+	case err == nil, errors.Is(err, tree.ErrNodeExited), errors.Is(err, auth.ErrRevoked):
+		return nil
+	}
+	return toConnect(err)
+}
+
 // callerOf returns the node whose tool call callID is, for a tool server's
 // read naming it: a call this tool server's gate began (the ledger's
-// record, not the tool server's or the caller's word). Any other — not a
+// record, not the tool server's or the caller's word), and whether the
+// call is still under way (not ended). Any other — not a
 // call id, no such call, another gate's — is refused failed_precondition,
 // the same for each, so a tool server learns nothing of other gates'
 // calls.
-func (h *leaseService) callerOf(ctx context.Context, p auth.Principal, callID string) (string, error) {
+func (h *leaseService) callerOf(ctx context.Context, p auth.Principal, callID string) (node string, open bool, err error) {
 	if err := wire.CheckID("call_id", callID); err != nil {
-		return "", toConnect(err)
+		return "", false, toConnect(err)
 	}
 	c, err := h.s.ledger.GetCall(ctx, callID)
 	if errors.Is(err, ledger.ErrCallNotFound) || (err == nil && c.GateID != p.ToolServer()) {
-		return "", connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("call_id %q is not a tool call this tool server's gate began", callID))
+		return "", false, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("call_id %q is not a tool call this tool server's gate began", callID))
 	}
 	if err != nil {
-		return "", toConnect(err)
+		return "", false, toConnect(err)
 	}
-	return c.NodeID, nil
+	return c.NodeID, c.State != ledger.CallStateEnded, nil
 }
 
 // holderGone reports, without writing anything, whether holder may no

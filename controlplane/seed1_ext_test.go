@@ -32,7 +32,9 @@ import (
 // cancel requested). The coordinator stops; every deadline falls while it
 // is down. Restarted, P gets its grace and renews; C, K and O keep the
 // deadlines they had and expire, so the holder can no longer acknowledge
-// the cancel, complete or renew, and the coordinator reconciles them. C's
+// the cancel, complete or renew (C and O, whose cancel requests stood, the
+// clock closes UNRESOLVED: thirty-eighth pass), and the coordinator
+// reconciles them. C's
 // and K's leases used to come back ACTIVE with 30 s more authority: the
 // cancellation and the conflict no longer bounded the authority the moment
 // the coordinator restarted.
@@ -82,20 +84,27 @@ func TestSeed1ARestartGivesNoGraceToACancelledOrConflictedLease(t *testing.T) {
 		rows[len(rows)-2].ExpiresAt.AsTime().Before(restartAt.Add(30*time.Second)) || rows[len(rows)-2].ExpiresAt.AsTime().After(restartAt.Add(45*time.Second)) {
 		t.Fatalf("P was not given the grace (30–45 s after %s) by the restart: %v", restartAt, rows[len(rows)-2])
 	}
+	// C and O, whose cancel requests stood when their authority ended,
+	// are closed UNRESOLVED by the clock (thirty-eighth pass); K expired.
 	for _, tc := range []struct {
-		what  string
-		m     *tetherv1.ChannelRequest
-		event tetherv1.AuditEvent
+		what   string
+		m      *tetherv1.ChannelRequest
+		event  tetherv1.AuditEvent
+		closed bool
 	}{
-		{"C's cancel ack after the restart", cancelAck(c), tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED},
-		{"C's CANCELLED after the restart", complete(c, tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED), tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED},
-		{"K's renew after the restart", renew(k, 1), tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED},
-		{"K's FAILED after the restart", complete(k, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED), tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED},
-		{"O's ACK after the restart", ack(o), tetherv1.AuditEvent_AUDIT_EVENT_ACK_DEADLINE_MISSED},
+		{"C's cancel ack after the restart", cancelAck(c), tetherv1.AuditEvent_AUDIT_EVENT_INVALID_TRANSITION, true},
+		{"C's CANCELLED after the restart", complete(c, tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED), tetherv1.AuditEvent_AUDIT_EVENT_DUPLICATE_TERMINAL, true},
+		{"K's renew after the restart", renew(k, 1), tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED, false},
+		{"K's FAILED after the restart", complete(k, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED), tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED, false},
+		{"O's ACK after the restart", ack(o), tetherv1.AuditEvent_AUDIT_EVENT_INVALID_TRANSITION, true},
 	} {
 		got, d := holder.send(t, tc.m)
 		wantDecision(t, tc.what, d, tetherv1.Outcome_OUTCOME_REJECTED, tc.event)
-		if got.State != tetherv1.LeaseState_LEASE_STATE_EXPIRED || got.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_UNSPECIFIED {
+		state, result := tetherv1.LeaseState_LEASE_STATE_EXPIRED, tetherv1.TerminalResult_TERMINAL_RESULT_UNSPECIFIED
+		if tc.closed {
+			state, result = tetherv1.LeaseState_LEASE_STATE_TERMINAL, tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED
+		}
+		if got.State != state || got.TerminalResult != result {
 			t.Fatalf("%s: %v", tc.what, got)
 		}
 	}

@@ -321,8 +321,9 @@ func TestSeed6ACancelAckSpeaksOnlyForTheGenerationThatWasAsked(t *testing.T) {
 // that reaches it is late evidence. A holder's progress a nanosecond
 // before its expiry is applied and renews nothing; at the instant of the
 // expiry it is recorded LATE_PROGRESS, the record keeps the progress it
-// had, and the generation is EXPIRED; a cancel acknowledgement then, or
-// a result, is refused as expired.
+// had, and the generation is EXPIRED — closed UNRESOLVED by the clock,
+// as the cancel request stood (thirty-eighth pass); a cancel
+// acknowledgement then, or a result, is refused.
 func TestSeed6ProgressAtTheInstantOfExpiryIsLateEvidence(t *testing.T) {
 	transports(t, func(t *testing.T, w *leaseWorld, via func(*testserver.Clients) transport) {
 		ctx := context.Background()
@@ -342,14 +343,17 @@ func TestSeed6ProgressAtTheInstantOfExpiryIsLateEvidence(t *testing.T) {
 		w.clock.Set(expiry)
 		got, d = w1.send(t, progress(l, 2, "done"))
 		wantDecision(t, "progress at the expiry", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_LATE_PROGRESS)
-		if got.State != tetherv1.LeaseState_LEASE_STATE_EXPIRED || got.ProgressSequence != 1 || got.ProgressValue != "almost" || !got.LateProgress || !got.LeaseExpired {
+		// The cancel request stood when the authority ended: the clock
+		// closes the job UNRESOLVED, the coordinator's (thirty-eighth pass).
+		if got.State != tetherv1.LeaseState_LEASE_STATE_TERMINAL || got.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED ||
+			got.ProgressSequence != 1 || got.ProgressValue != "almost" || !got.LateProgress || !got.LeaseExpired {
 			t.Fatalf("after progress at the expiry: %v", got)
 		}
 		_, d = w1.send(t, cancelAck(l))
-		wantDecision(t, "a cancel ack at the expiry", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED)
+		wantDecision(t, "a cancel ack at the expiry", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_INVALID_TRANSITION)
 		got, d = w1.send(t, complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED))
-		wantDecision(t, "a result at the expiry", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED)
-		if got.CancelAck || got.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_UNSPECIFIED {
+		wantDecision(t, "a result at the expiry", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_DUPLICATE_TERMINAL)
+		if got.CancelAck || got.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED {
 			t.Fatalf("after the expired holder's words: %v", got)
 		}
 	})

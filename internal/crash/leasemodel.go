@@ -66,7 +66,9 @@ type LeaseInput struct {
 	Sequence uint64
 	Value    string
 	// Result is Complete's or Resolve's (SUCCESS, FAILED or CANCELLED;
-	// UNRESOLVED is not modelled: its bound elapses on the clock).
+	// a Resolve's UNRESOLVED is not modelled: its bound elapses on the
+	// clock; the UNRESOLVED the clock gives a generation that ended with
+	// a cancel request standing is, as an answer shows it).
 	Result tetherv1.TerminalResult
 }
 
@@ -220,9 +222,8 @@ func StepLease(state LeaseView, in LeaseInput, out LeaseOutput) []any {
 		// The answer to a former holder's (stale) message withholds the
 		// lease that replaced its own: it shows the generation and its
 		// state only (controlplane's forParty).
-		if seen.Generation == s.Generation && seen.State == tetherv1.LeaseState_LEASE_STATE_EXPIRED &&
-			(s.State == tetherv1.LeaseState_LEASE_STATE_OFFERED || s.State == tetherv1.LeaseState_LEASE_STATE_ACTIVE) {
-			s.State, s.Lapsed = tetherv1.LeaseState_LEASE_STATE_EXPIRED, true
+		if seen.Generation == s.Generation {
+			s = lapsed(s, seen)
 		}
 		next, outcome := judge(s, in, unknownLeaseID)
 		if outcome != out.Outcome || next.Generation != seen.Generation || next.State != seen.State {
@@ -240,10 +241,7 @@ func StepLease(state LeaseView, in LeaseInput, out LeaseOutput) []any {
 		// and the model has no clock: an answer that shows it tells it.
 		// Once expired, a generation never comes back (the model keeps
 		// it EXPIRED, so a later answer showing it live is impossible).
-		if seen.State == tetherv1.LeaseState_LEASE_STATE_EXPIRED &&
-			(s.State == tetherv1.LeaseState_LEASE_STATE_OFFERED || s.State == tetherv1.LeaseState_LEASE_STATE_ACTIVE) {
-			s.State, s.Lapsed = tetherv1.LeaseState_LEASE_STATE_EXPIRED, true
-		}
+		s = lapsed(s, seen)
 	}
 	seen.ClosedByResolve, seen.Acked, seen.Lapsed = s.ClosedByResolve, s.Acked, s.Lapsed
 	if in.Op == OpGet {
@@ -264,6 +262,31 @@ func StepLease(state LeaseView, in LeaseInput, out LeaseOutput) []any {
 	return []any{next}
 }
 
+// lapsed is s after the coordinator's clock ended its generation, as an
+// answer showing seen (the same generation) tells: EXPIRED, and, with a
+// cancel request standing, closed UNRESOLVED on the coordinator's word
+// (the thirty-eighth pass). Once expired, a generation never comes back
+// (the model keeps it EXPIRED, so a later answer showing it live is
+// impossible).
+func lapsed(s, seen LeaseView) LeaseView {
+	live := s.State == offered || s.State == active
+	switch {
+	case seen.State == expired && live:
+		s.State, s.Lapsed = expired, true
+	case seen.State == terminal && seen.Result == unresolved && s.CancelRequested && (live || s.State == expired):
+		s.State, s.Lapsed = expired, true
+		s = closeLapsed(s)
+	}
+	return s
+}
+
+// closeLapsed is the close of an EXPIRED generation whose cancel request
+// stands: UNRESOLVED, the coordinator's.
+func closeLapsed(s LeaseView) LeaseView {
+	s.State, s.Result, s.ClosedByResolve = terminal, unresolved, true
+	return s
+}
+
 const (
 	accepted  = tetherv1.Outcome_OUTCOME_ACCEPTED
 	duplicate = tetherv1.Outcome_OUTCOME_DUPLICATE
@@ -274,8 +297,9 @@ const (
 	expired  = tetherv1.LeaseState_LEASE_STATE_EXPIRED
 	terminal = tetherv1.LeaseState_LEASE_STATE_TERMINAL
 
-	success   = tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS
-	cancelled = tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED
+	success    = tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS
+	cancelled  = tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED
+	unresolved = tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED
 )
 
 // judge applies one message to a job's authority by the protocol's rules.
@@ -303,6 +327,10 @@ func judge(s LeaseView, in LeaseInput, newLeaseID string) (LeaseView, tetherv1.O
 			return s, duplicate
 		}
 		s.CancelRequested = true
+		if s.State == expired {
+			// Nothing is left to decide but how the job ended.
+			s = closeLapsed(s)
+		}
 		return s, accepted
 	case OpReassign:
 		// Cancellation stays authoritative. A coordinator's reassignment
@@ -316,7 +344,7 @@ func judge(s LeaseView, in LeaseInput, newLeaseID string) (LeaseView, tetherv1.O
 		s.RenewSequence, s.ProgressSequence, s.ProgressValue = 0, 0, ""
 		return s, accepted
 	case OpResolve:
-		if s.State == terminal {
+		if s.State == terminal && s.Result != unresolved {
 			// Only an exact repeat is a DUPLICATE: the model's Resolves
 			// all carry one reason, so a Resolve repeats only a Resolve.
 			if s.Result == in.Result && s.ClosedByResolve {

@@ -205,13 +205,23 @@ func TestPlanRestartSpreadsPileUp(t *testing.T) {
 	// The leases left out of the plan expire on their first tick, and a
 	// recovery that names them anyway is refused: at the last alive
 	// instant they had already expired on the coordinator's clock, or
-	// their authority could no longer be extended.
+	// their authority could no longer be extended. A cancelled one, its
+	// request standing at the end of its authority, is closed UNRESOLVED
+	// as it expires (thirty-eighth pass).
 	for _, job := range []string{"before-stop", "at-stop", "cancelled", "conflicted", "offered-cancelled"} {
-		if _, d, _ := lease.Step(byJob[job], lease.Tick{JobID: job}, restartAt, p); d.Event != lease.EventLeaseExpired && d.Event != lease.EventAckDeadlineMissed {
+		ended := lease.StateExpired
+		if byJob[job].CancelRequested {
+			ended = lease.StateTerminal
+		}
+		l, d, _ := lease.Step(byJob[job], lease.Tick{JobID: job}, restartAt, p)
+		switch {
+		case ended == lease.StateTerminal && (d.Event != lease.EventResolved || l.TerminalResult != lease.ResultUnresolved):
+			t.Fatalf("tick of %s: %s, lease %s %s", job, d, l.State, l.TerminalResult)
+		case ended == lease.StateExpired && d.Event != lease.EventLeaseExpired && d.Event != lease.EventAckDeadlineMissed:
 			t.Fatalf("tick of %s: %s", job, d)
 		}
 		r := lease.Recover{JobID: job, LastAlive: lastAlive, ExtendTo: at(230)}
-		if l, d, _ := lease.Step(byJob[job], r, restartAt, p); d.Outcome != lease.OutcomeRejected || l.State != lease.StateExpired {
+		if l, d, _ := lease.Step(byJob[job], r, restartAt, p); d.Outcome != lease.OutcomeRejected || l.State != ended {
 			t.Fatalf("recover %s: %s, lease %s", job, d, l.State)
 		}
 	}

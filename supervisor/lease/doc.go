@@ -45,7 +45,12 @@
 // refused: the coordinator asked the work to stop, and a success claimed
 // afterwards is not trusted. The job ends with the holder's
 // Complete(CANCELLED or FAILED) or the coordinator's Resolve (CANCELLED,
-// FAILED, or UNRESOLVED for a bounded time, after which it is FAILED).
+// FAILED, or UNRESOLVED for a bounded time, after which it is FAILED) —
+// or, when the generation's authority ends (its expiry, a missed ACK)
+// with the request standing, by the clock: nothing is then left to decide
+// but how the job ended, and it is closed UNRESOLVED, the coordinator's
+// (ResolvedByCoordinator), bounded by Policy.MaxUnresolvedBound, so a
+// holder that never answers cannot keep the job open (CancelLapsed).
 // CANCELLED, whoever reports it, needs the cancel request first: a job
 // nobody asked to stop was not cancelled, and the evidence must show the
 // request. A terminal attempt after the end is a DUPLICATE only when it

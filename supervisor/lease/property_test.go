@@ -214,23 +214,41 @@ type model struct {
 	resolved bool
 	conflict bool
 	// lapsed: the current generation's authority ended by the clock
-	// (the lease's LeaseExpired).
-	lapsed bool
+	// (the lease's LeaseExpired), at endedAt.
+	lapsed  bool
+	endedAt time.Time
 }
 
 // clock applies what time alone decides and reports whether it did.
 func (m *model) clock(now time.Time) bool {
+	changed := true
 	switch {
 	case m.state == lease.StateOffered && !now.Before(m.ackDeadline):
-		m.state, m.ackMissed, m.lapsed = lease.StateExpired, true, true
+		m.state, m.ackMissed, m.lapsed, m.endedAt = lease.StateExpired, true, true, m.ackDeadline
 	case m.state == lease.StateActive && !now.Before(m.expires):
-		m.state, m.lapsed = lease.StateExpired, true
-	case m.state == lease.StateTerminal && m.result == lease.ResultUnresolved && !now.Before(m.unresolvedUntil):
-		m.result = lease.ResultFailed
+		m.state, m.lapsed, m.endedAt = lease.StateExpired, true, m.expires
 	default:
-		return false
+		changed = false
 	}
-	return true
+	// An ended generation with a cancel request standing has nothing
+	// left to decide but how the job ended: UNRESOLVED from its end,
+	// bounded.
+	if m.state == lease.StateExpired && m.cancel {
+		m.closeLapsed(m.endedAt)
+		changed = true
+	}
+	if m.state == lease.StateTerminal && m.result == lease.ResultUnresolved && !now.Before(m.unresolvedUntil) {
+		m.result = lease.ResultFailed
+		changed = true
+	}
+	return changed
+}
+
+// closeLapsed closes the job UNRESOLVED as of at, on the coordinator's
+// word.
+func (m *model) closeLapsed(at time.Time) {
+	m.state, m.result, m.resolved = lease.StateTerminal, lease.ResultUnresolved, true
+	m.unresolvedUntil = at.Add(m.policy.MaxUnresolvedBound)
 }
 
 func (m *model) offer(leaseID, holder string, duration time.Duration, now time.Time) {
@@ -326,6 +344,9 @@ func (m *model) apply(msg lease.Message, now time.Time) bool {
 			return false
 		}
 		m.cancel = true
+		if m.state == lease.StateExpired {
+			m.closeLapsed(now)
+		}
 	case lease.Reassign:
 		allowed := m.state != lease.StateTerminal && !m.cancel && msg.LeaseID != m.leaseID
 		if m.conflict && !msg.ResolveConflict {

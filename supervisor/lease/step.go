@@ -206,16 +206,77 @@ func (j *judge) observe() {
 			j.note("generation %d (lease %q, holder %q) expired at %s (observed at %s); its authority ended",
 				l.Generation, l.LeaseID, l.HolderIdentity, ts(l.ExpiresAt), ts(j.now))
 		}
-	case StateTerminal:
-		if l.TerminalResult == ResultUnresolved && !j.now.Before(l.UnresolvedUntil) {
-			l.TerminalResult = ResultFailed
-			l.TerminalAt = l.UnresolvedUntil
-			l.TerminalDetail = fmt.Sprintf("unresolved bound elapsed without reconciliation; closed as FAILED, success was never proven (unresolved because: %s)", l.TerminalDetail)
-			j.move(StateTerminal, EventResolved)
-			j.note("UNRESOLVED bound %s elapsed (observed at %s); the job is FAILED", ts(l.UnresolvedUntil), ts(j.now))
-		}
 	}
+	if l.State == StateExpired && l.CancelRequested {
+		// The authority ended with the cancel request standing (or a
+		// record stored before the close existed reads so).
+		j.closeCancelLapsed(l.CancelRequestedAt)
+	}
+	j.boundUnresolved()
 	j.observed = len(j.events)
+}
+
+// boundUnresolved closes an UNRESOLVED result whose bound the clock has
+// reached as FAILED.
+func (j *judge) boundUnresolved() {
+	l := &j.l
+	if l.State != StateTerminal || l.TerminalResult != ResultUnresolved || j.now.Before(l.UnresolvedUntil) {
+		return
+	}
+	l.TerminalResult = ResultFailed
+	l.TerminalAt = l.UnresolvedUntil
+	l.TerminalDetail = fmt.Sprintf("unresolved bound elapsed without reconciliation; closed as FAILED, success was never proven (unresolved because: %s)", l.TerminalDetail)
+	j.move(StateTerminal, EventResolved)
+	j.note("UNRESOLVED bound %s elapsed (observed at %s); the job is FAILED", ts(l.UnresolvedUntil), ts(j.now))
+}
+
+// closeCancelLapsed is the explicit terminal reconciliation of an EXPIRED
+// generation whose cancel request stands (seed §9: a cancellation ends in
+// CANCELLED, FAILED or a bounded unresolved state, and the cancellation
+// and expiry policy is authoritative). Nothing is left to decide but how
+// the job ended: it can never be reassigned while the request stands, and
+// its holder can no longer acknowledge or report a result. Left EXPIRED
+// it stayed open for ever — counted in its holder's and lineage's bounds
+// on open leases — unless someone resolved it, so a holder that never
+// answered a cancel kept the job's place (thirty-eighth pass). It is
+// closed UNRESOLVED, by the coordinator (ResolvedByCoordinator), from
+// the later of the generation's end and the request, bounded by
+// MaxUnresolvedBound, after which it is FAILED; the coordinator may
+// reconcile it CANCELLED or FAILED meanwhile. requested is when the
+// cancel was requested.
+func (j *judge) closeCancelLapsed(requested time.Time) {
+	l := &j.l
+	at := l.ExpiresAt
+	if l.AckState == AckMissed || at.IsZero() {
+		at = l.AckDeadline
+	}
+	if requested.After(at) {
+		at = requested
+	}
+	if at.After(j.now) {
+		at = j.now
+	}
+	answered := "never acknowledged it nor reported a terminal result"
+	if l.CancelAck {
+		answered = fmt.Sprintf("acknowledged it at %s but reported no terminal result", ts(l.CancelAckedAt))
+	}
+	l.TerminalResult = ResultUnresolved
+	l.TerminalAt = at
+	l.UnresolvedUntil = at.Add(j.p.MaxUnresolvedBound)
+	l.ResolvedByCoordinator = true
+	l.TerminalDetail = fmt.Sprintf("cancellation was requested at %s and generation %d (holder %q) %s before its authority ended; whether the work stopped cannot be told: UNRESOLVED until %s, then FAILED, unless the coordinator reconciles it as CANCELLED or FAILED",
+		ts(l.CancelRequestedAt), l.Generation, l.HolderIdentity, answered, ts(l.UnresolvedUntil))
+	j.move(StateTerminal, EventResolved)
+	j.note("the job is closed UNRESOLVED as of %s (observed at %s): %s", ts(at), ts(j.now), l.TerminalDetail)
+}
+
+// CancelLapsed reports whether l's UNRESOLVED result is the one the
+// clock gave a generation whose authority ended with a cancel request
+// standing (closeCancelLapsed): the job ended on no one's word, and a
+// reconciliation that would have found the generation EXPIRED (a
+// termination of its holder) may still decide it as it would have then.
+func CancelLapsed(l Lease) bool {
+	return l.State == StateTerminal && l.TerminalResult == ResultUnresolved && l.CancelRequested && l.LeaseExpired
 }
 
 func (j *judge) note(format string, args ...any) {
@@ -574,10 +635,19 @@ func (j *judge) requestCancel(m RequestCancel) Decision {
 	case l.CancelRequested:
 		return duplicate(EventDuplicateCancel, "cancel already requested at %s; nothing changed", ts(l.CancelRequestedAt))
 	}
+	previous := j.current()
 	l.CancelRequested = true
 	l.CancelRequestedAt = j.now
-	return accept(EventCancelRequested, "cancel requested for %s (reason %q); this is intent only: the job ends with the holder's Complete(CANCELLED or FAILED) or the coordinator's Resolve",
-		j.current(), m.Reason)
+	if l.State == StateExpired {
+		// The generation's authority had ended already: nobody can
+		// acknowledge the request or report a result, and the job can
+		// never be reassigned while it stands.
+		j.closeCancelLapsed(j.now)
+		return accept(EventResolved, "cancel requested for %s (reason %q); its authority had ended, so the job is closed UNRESOLVED until %s, then FAILED, unless the coordinator reconciles it as CANCELLED or FAILED",
+			previous, m.Reason, ts(l.UnresolvedUntil))
+	}
+	return accept(EventCancelRequested, "cancel requested for %s (reason %q); this is intent only: the job ends with the holder's Complete(CANCELLED or FAILED) or the coordinator's Resolve, or, if its authority ends first, UNRESOLVED",
+		previous, m.Reason)
 }
 
 func (j *judge) reassign(m Reassign) Decision {
@@ -754,7 +824,9 @@ func (j *judge) recover(m Recover) Decision {
 			event, cause = EventOwnershipConflict, ErrOwnershipConflict
 		}
 		j.observe()
-		if j.l.State == StateExpired {
+		if j.l.State == StateExpired || j.l.State == StateTerminal {
+			// Ended by the clock: expired, and closed UNRESOLVED if a
+			// cancel request stood (closeCancelLapsed).
 			event, cause = EventLeaseExpired, ErrLeaseExpired
 		}
 		return reject(event, cause, "restart recovery refused: %s, so authority is not extended; it ends at %s (%s)", why, ts(deadline), j.current())

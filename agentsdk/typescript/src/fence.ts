@@ -186,6 +186,9 @@ interface FenceJob {
  * check it also refuses a generation that was not issued
  * ({@link UnissuedGeneration}) or may not act now ({@link NoAuthority}),
  * as the Go SDK's agentsdk.Fence; answers that refuse are never kept.
+ * Inside a {@link ToolGate} call it asks about a superseded generation too
+ * (refusing it all the same), so the control plane keeps a former holder's
+ * side effect after its exit on it; outside one it refuses it on its own.
  */
 export class Fence {
   readonly #check?: GenerationCheck;
@@ -219,7 +222,22 @@ export class Fence {
     const askedAt = this.#maxStaleMs > 0 ? this.#clock.now() : 0;
     const caller = gateCallNode();
     const h = this.highest(job);
-    if (generation < h) throw fenced(job, generation, h);
+    if (generation < h) {
+      // Refused all the same, but asked about inside a ToolGate call: the
+      // read names the call, and the control plane keeps a side effect
+      // under a superseded generation on the call's node when it held the
+      // job (a former holder writing after its exit). An ungated fence
+      // does not ask: its read names no caller, and anyone naming the job
+      // and an old generation would frame its former holders.
+      if (this.#check && gateCallId() !== "") {
+        try {
+          this.observe(job, (await this.#check(job, generation)).generation);
+        } catch {
+          // The fence's own knowledge refuses it.
+        }
+      }
+      throw fenced(job, generation, h);
+    }
     const e = this.#jobs.get(job);
     if (!this.#check || (this.#maxStaleMs > 0 && e?.active === generation && e.caller === caller && askedAt < e.untilMs)) {
       this.observe(job, generation);

@@ -105,7 +105,11 @@ func (c *Coordinator) applyAll(ctx context.Context, jobs []string, what string, 
 //   - otherwise UNRESOLVED: the holder still has authority until its
 //     expiry and did not acknowledge; it is resolved UNRESOLVED bounded by
 //     the policy's MaxUnresolvedBound, after which it closes as FAILED;
-//   - as it was when the holder had already reported SUCCESS or FAILED.
+//   - as it was when the holder had already reported SUCCESS or FAILED;
+//   - decided as above when the clock closed it UNRESOLVED because its
+//     authority ended with a cancel request standing (lease.CancelLapsed):
+//     the reconciliation the termination would have made of the EXPIRED
+//     generation.
 //
 // A lease still without a cancel request gets one first (its own evidence
 // row), so every CANCELLED in the record follows a request.
@@ -183,13 +187,13 @@ func finalMessage(l lease.Lease, now time.Time, reason string) (lease.Message, b
 		return lease.Resolve{JobID: l.JobID, Result: result, Reason: clipReason(why + "; " + reason)}, true
 	}
 	switch {
-	case !l.Exists() || l.State == lease.StateTerminal:
+	case !l.Exists() || l.State == lease.StateTerminal && !lease.CancelLapsed(l):
 		return nil, false
 	case l.CancelAck:
 		return resolve(lease.ResultCancelled, "the holder acknowledged the cancel request")
 	case l.AckState != lease.AckAcked:
 		return resolve(lease.ResultCancelled, "the holder never acknowledged the offer, so it never had authority")
-	case l.State == lease.StateExpired || !now.Before(l.ExpiresAt):
+	case l.State == lease.StateExpired || lease.CancelLapsed(l) || !now.Before(l.ExpiresAt):
 		return resolve(lease.ResultFailed, "the lease expired without a terminal result; success was never proven")
 	}
 	return lease.Resolve{JobID: l.JobID, Result: lease.ResultUnresolved,

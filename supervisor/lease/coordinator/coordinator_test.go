@@ -484,8 +484,9 @@ func TestAutomaticReassignmentFollowsThePolicy(t *testing.T) {
 	// The late ACK of generation 1 is stale; generation 2 is offered.
 	h.want(lease.Ack{Claim: claim("job-1", "L1", 1, "w1")}, lease.OutcomeRejected, lease.EventStaleGeneration)
 	h.want(lease.Ack{Claim: claim("job-1", l.LeaseID, 2, "w1")}, lease.OutcomeAccepted, lease.EventAcked)
-	// A cancel request stops automatic reassignment: the job waits for Resolve.
-	waitFor(t, "job-2 to expire", func() bool { return h.get("job-2").State == lease.StateExpired })
+	// A cancel request stops automatic reassignment: the missed ACK with
+	// the request standing closes the job UNRESOLVED (thirty-eighth pass).
+	waitFor(t, "job-2 to expire", func() bool { return h.get("job-2").TerminalResult == lease.ResultUnresolved })
 	if l := h.get("job-2"); l.Generation != 1 {
 		t.Fatalf("a cancelled job was reassigned automatically: %+v", l)
 	}

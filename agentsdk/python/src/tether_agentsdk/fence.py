@@ -170,7 +170,10 @@ class Fence:
     holds and fence the job's real holder out, and a holder whose job was
     cancelled, expired or ended keeps writing until a later generation is
     seen: a tool server reachable by callers it does not trust passes
-    ``issued_generations(its own conn)``.
+    ``issued_generations(its own conn)``. Inside a ToolGate call
+    (``current_call()``) a superseded generation is asked about too, and
+    refused all the same, so the control plane keeps a former holder's side
+    effect after its exit on it; outside one it is refused without asking.
 
     ``max_stale`` (seconds, default 0: ask for every side effect) is how
     long an answer that a generation may act admits its side effects
@@ -212,12 +215,26 @@ class Fence:
         caller = gated.node_id if gated is not None else ""
         with self._lock:
             h = self._highest.get(job, 0)
-            if generation < h:
+            superseded = generation < h
+            if superseded and (self.check is None or gated is None):
                 raise _fenced(job, generation, h)
             cached = self._active.get(job)
-            if self.check is None or (self.max_stale > 0 and cached is not None and cached[0] == generation and cached[2] == caller and asked_at < cached[1]):
+            if not superseded and (self.check is None or self.max_stale > 0 and cached is not None and cached[0] == generation and cached[2] == caller and asked_at < cached[1]):
                 self._observe(job, generation)
                 return
+        if superseded:
+            # Refused all the same, but asked about inside a ToolGate
+            # call: the read names the call, and the control plane keeps a
+            # side effect under a superseded generation on the call's node
+            # when it held the job (a former holder writing after its
+            # exit). An ungated fence does not ask: its read names no
+            # caller, and anyone naming the job and an old generation
+            # would frame its former holders.
+            try:
+                self.observe(job, self.check(job, generation).generation)
+            except Exception:  # the fence's own knowledge refuses it
+                pass
+            raise _fenced(job, generation, h)
         a = self.check(job, generation)
         with self._lock:
             self._observe(job, a.generation)  # issued: older generations are superseded
