@@ -50,7 +50,11 @@ export interface RunOptions {
   signal?: AbortSignal;
   /** Session heartbeat interval in ms (default 5000). Heartbeats also bring refreshed credentials. */
   heartbeatMs?: number;
-  /** Told each time the session broke and when it reconnects; default silent. */
+  /**
+   * Told each time the session broke and when it reconnects, and of a
+   * signal callback that threw or whose promise rejected (the other
+   * callbacks run all the same); default silent.
+   */
   warn?: (message: string) => void;
 }
 
@@ -85,6 +89,8 @@ export class Agent {
   // it. exited: the claim was made; run opens no session after it.
   #live?: { claim: (reason: string) => void; ended: Promise<void>; claimed: boolean };
   #exited = false;
+  // The latest run's warn: where a failed signal callback is reported.
+  #warn?: (message: string) => void;
 
   private constructor(conn: Conn, node: Node, credentialExpiresAt?: Date) {
     this.conn = conn;
@@ -180,7 +186,10 @@ export class Agent {
    * Registers a callback run once when a drain (or abort) arrives, at once
    * if it already has (a child that joins into its parent's stop hears it
    * first thing, maybe before it registers). An async callback is not
-   * awaited: it may wait for the work in flight, or for confirmExit.
+   * awaited: it may wait for the work in flight, or for confirmExit. The
+   * signals abort before any callback runs; a callback that throws, or
+   * whose promise rejects, is reported to {@link RunOptions.warn} and the
+   * next one runs.
    */
   onDrain(f: (s: Signal) => void): void {
     if (this.#drained) f(this.#drained);
@@ -211,19 +220,42 @@ export class Agent {
       if (sig.deadline) s.deadline = timestampDate(sig.deadline);
       this.#drainDeadline = s.deadline;
     }
+    // Both signals are noted (and abort) before any callback runs, and
+    // each callback runs guarded: one that threw skipped every callback
+    // after it for good, and on an abort that came first left agent.signal
+    // unaborted until the session, broken by the throw, reconnected; one
+    // whose promise rejected was an unhandled rejection, which ends a Node
+    // process (rogue38K tests). As the Go SDK, which ends Context before
+    // its callbacks run, and the Python SDK, which logs a failed callback
+    // and runs the next.
+    let drainFs: ((s: Signal) => void)[] = [];
+    let abortFs: ((s: Signal) => void)[] = [];
     if (!this.#drain.signal.aborted) {
       this.#drained = s;
-      const fs = this.#onDrain;
+      drainFs = this.#onDrain;
       this.#onDrain = [];
       this.#drain.abort(new StopSignalled(s.abort, s.terminationId, s.reason));
-      for (const f of fs) f(s);
     }
     if (s.abort && !this.#abort.signal.aborted) {
       this.#aborted = s;
-      const fs = this.#onAbort;
+      abortFs = this.#onAbort;
       this.#onAbort = [];
       this.#abort.abort(new StopSignalled(true, s.terminationId, s.reason));
-      for (const f of fs) f(s);
+    }
+    for (const f of drainFs) this.#callback("onDrain", f, s);
+    for (const f of abortFs) this.#callback("onAbort", f, s);
+  }
+
+  /** Runs a signal callback; its throw or its promise's rejection goes to the run's warn. */
+  #callback(which: string, f: (s: Signal) => void, s: Signal): void {
+    const failed = (err: unknown) => this.#warn?.(`tether: an ${which} callback failed: ${err instanceof Error ? err.message : String(err)}`);
+    try {
+      const r: unknown = f(s);
+      if (r !== null && typeof r === "object" && typeof (r as PromiseLike<unknown>).then === "function") {
+        (r as PromiseLike<unknown>).then(undefined, failed);
+      }
+    } catch (err) {
+      failed(err);
     }
   }
 
@@ -240,6 +272,7 @@ export class Agent {
    * sessions fail to open, and starts again from 100 ms after one opened.
    */
   async run(options: RunOptions = {}): Promise<void> {
+    this.#warn = options.warn;
     let backoff = 100;
     for (;;) {
       // A signal that aborted during the wait (or before run) ends the

@@ -332,15 +332,34 @@ class ToolGate(StreamFollower):
         return _GatedBlock(self, token, tool, required_scope)
 
     def run(self, token: Token, tool: str, fn: Callable[..., Any], *args: Any, required_scope: str = "", **kwargs: Any) -> Any:
-        """Runs ``fn(*args, **kwargs)`` as one recorded call."""
+        """Runs ``fn(*args, **kwargs)`` as one recorded call. An fn that
+        returns an awaitable (an async function) is refused with a
+        TypeError, the call recorded failed: its work would come after the
+        call was reported ended; use ``arun``."""
         with self.call(token, tool, required_scope=required_scope):
-            return fn(*args, **kwargs)
+            return _done(fn(*args, **kwargs), "ToolGate.run")
 
     async def arun(self, token: Token, tool: str, fn: Callable[..., Any], *args: Any, required_scope: str = "", **kwargs: Any) -> Any:
         """Awaits ``fn(*args, **kwargs)`` as one recorded call; an abort
         cancels it."""
         async with self.call(token, tool, required_scope=required_scope):
             return await fn(*args, **kwargs)
+
+
+def _done(result: Any, where: str) -> Any:
+    """result, unless it is an awaitable: a synchronous gate reports the
+    call ended once the function returned, and an awaitable's work (an
+    async function's coroutine) would come after, outside the call, where
+    no drain waits for it and no cancel order reaches it (rogue38K test).
+    A coroutine is closed unrun and the call recorded failed by the
+    TypeError; another awaitable (a task already scheduled) cannot be
+    stopped here, and is recorded failed all the same."""
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()
+        raise TypeError(f"{where}: the tool function returned an awaitable ({type(result).__name__}), which would run after "
+                        "the gate reported the call ended; await it inside the call (ToolGate.arun, or an async def under tool_gate)")
+    return result
 
 
 class _GatedBlock:
@@ -502,7 +521,7 @@ class _ToolGateSpec:
         @functools.wraps(fn)
         def gated(*args: Any, **kwargs: Any) -> Any:
             with self.gate.call(self.token, self.tool, required_scope=self.required_scope):
-                return fn(*args, **kwargs)
+                return _done(fn(*args, **kwargs), "tool_gate")
 
         return gated
 
