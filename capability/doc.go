@@ -79,7 +79,11 @@
 //     grant alone; descendants of a revoked grant are marked asynchronously,
 //     so the chain check is what stops a refresh from a revoked subtree.
 //  4. To revoke: Revoke, then write the revoked grant and TombstoneFor(it,
-//     next sequence) in one transaction, and only then acknowledge. Mark
+//     next sequence) in one transaction, and only then acknowledge. When
+//     the transaction commits later than Revoke's now, raise the
+//     tombstone's DropAfter to DropAfter(the commit's time): a token minted
+//     in between, by a mint that read the grant still active, lives past
+//     a DropAfter counted from the decision. Mark
 //     descendants later with MarkRevokedVia, bounded and restartable; the
 //     outcome does not depend on when it runs.
 //  5. Keeps tombstones in the feed until DropAfter, and keeps a signing key

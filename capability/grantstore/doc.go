@@ -93,8 +93,13 @@
 // Tombstones leave the stored feed only once their DropAfter has passed on
 // the control plane's clock (capability.DropAfter: revoked_at +
 // capability.MaxTokenTTL + capability.MaxLeeway, when no token that carries
-// the grant can still be accepted). PruneTombstones drops them oldest
-// first and stops at the first grant tombstone still needed;
+// the grant can still be accepted). The bound is counted from when the
+// revocation commits, if that is later than revoked_at (when it was
+// decided, on a snapshot): a Refresh or Delegate that read the grant in
+// between saw it active and minted a token at its own later time, which
+// outlived a bound counted from the decision (rogue38i). PruneTombstones
+// drops them oldest first and stops at the first grant tombstone still
+// needed;
 // grants/feed/compacted is the highest sequence pruned. Pruning never
 // touches grants: a revoked grant stays revoked (until its holder's new
 // grants drop it, see Grants per node).

@@ -546,7 +546,9 @@ func (s *Service) PruneTombstones(ctx context.Context) (int, error) {
 				if !now.After(t.DropAfter) {
 					if t.DropAfter.After(capability.DropAfter(t.RevokedAt)) {
 						// A bearer token's tombstone lives until the
-						// token expires, months perhaps: skip it, or it
+						// token expires, months perhaps (and a grant's
+						// whose revocation was slow to commit a little
+						// past the decision's bound): skip it, or it
 						// would hold every later tombstone in the feed.
 						return nil
 					}

@@ -551,11 +551,21 @@ func (s *Service) writeRevocations(tx store.Txn, revoked []capability.Grant) (ui
 	if err != nil {
 		return 0, err
 	}
+	// The revocation was decided at g.RevokedAt, on a snapshot; it takes
+	// effect now, when it commits. A refresh (or delegation) that read the
+	// grant in between saw it active and minted a token at its own, later,
+	// time: counted from the decision, the tombstone would leave the feed,
+	// and every verifier's set, while that token still verifies. So the
+	// drop is counted from the commit (rogue38i).
+	committing := s.cfg.Clock.Now()
 	for _, g := range revoked {
 		head++
 		t, err := capability.TombstoneFor(g, head)
 		if err != nil {
 			return 0, err
+		}
+		if later := capability.DropAfter(committing); later.After(t.DropAfter) {
+			t.DropAfter = later
 		}
 		if t.Lineage, err = s.lineageOf(tx, g.HolderNodeID); err != nil {
 			return 0, err
