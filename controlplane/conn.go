@@ -110,8 +110,10 @@ type ConnLimits struct {
 	// ControlFrames bounds the HTTP/2 frames of a connection that carry
 	// no request's work — PING, SETTINGS, WINDOW_UPDATE, PRIORITY,
 	// RST_STREAM, empty DATA, HEADERS and CONTINUATION frames — that its
-	// peer may send ahead of what earned them: each request admitted on
-	// the connection earns FramesPerRequest, each PING and SETTINGS the
+	// peer may send ahead of what earned them: each request on the
+	// connection the auth Gate judges (admitted, or refused and charged
+	// to the budget of requests without a valid credential or of
+	// refusals) earns FramesPerRequest, each PING and SETTINGS the
 	// server sends one, each DATA frame of the server's answers of a KiB or
 	// more one, and ControlFrameRate a second, up to ControlFrames. A
 	// connection past it is read no further until it earns more (slowed,
@@ -1230,6 +1232,9 @@ func preAuthBounded(guards func(path string) bool, next http.Handler) http.Handl
 			// context: admittedRequests marks the page live.
 			r = r.WithContext(context.WithValue(r.Context(), pageKey{}, pw))
 		}
+		if pw.page || guards(r.URL.Path) {
+			c.earnFrames()
+		}
 		if !pw.page && !guards(r.URL.Path) {
 			// A public request may wait without writing (a stream waiting
 			// for a message): past the bound it is not let in. On a bound
@@ -1267,7 +1272,6 @@ func admittedRequests(next http.Handler) http.Handler {
 				pw.admit()
 				w = pw.ResponseWriter
 				c := pw.c
-				c.earnFrames()
 				c.admissions.Add(1)
 				c.admittedInFlight.Add(1)
 				defer c.admittedInFlight.Add(-1)
@@ -1277,8 +1281,10 @@ func admittedRequests(next http.Handler) http.Handler {
 	})
 }
 
-// earnFrames credits an admitted request to the connection's frame
-// budget (FramesPerRequest).
+// earnFrames credits a request the auth Gate judges (an RPC, admitted or
+// refused, or a console page) to the connection's frame budget
+// (FramesPerRequest). A public endpoint's (GET /healthz) earns nothing:
+// charged to nobody, it would buy its sender frames for free.
 func (c *limitedConn) earnFrames() {
 	if g := c.guard.Load(); g != nil {
 		g.earn(FramesPerRequest)

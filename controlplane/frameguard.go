@@ -192,18 +192,22 @@ type frameLimits struct {
 }
 
 // FramesPerRequest is how many frames carrying no request's work each
-// request admitted on a connection (authenticated and authorised by the
-// auth Gate, and so charged to its caller's rate budget) earns the
-// connection's frame budget (ConnLimits.ControlFrames): room for its
-// stream's reset, its window updates, a header block's CONTINUATIONs, a
-// PING or two, many times over.
+// request on a connection that the auth Gate judges (an RPC or a console
+// page, admitted and charged to its caller's rate budget, or refused)
+// earns the connection's frame budget (ConnLimits.ControlFrames): room
+// for its stream's HEADERS and reset, its window updates, a header
+// block's CONTINUATIONs, a PING or two, many times over. A refused call
+// earns as an admitted one does: a follower forwarding the calls of a
+// caller whose budget is spent, or a client retrying them, is never
+// slowed for them, and each costs the server more than the frames it
+// earns. A public endpoint's request earns nothing.
 const FramesPerRequest = 16
 
 // frameBudget is a connection's budget of frames that carry no request's
 // work — every frame but a DATA frame with a payload (not padded), each
 // HEADERS and CONTINUATION frame among them — of which the peer may send
 // ControlFrames ahead. It refills by what the connection carries — each
-// request admitted on it (FramesPerRequest), each frame the server sends
+// request on it the auth Gate judges (FramesPerRequest), each frame the server sends
 // that its peer answers (a PING, a SETTINGS), each DATA frame of its
 // answers of at least a KiB (a window update) — and by ControlFrameRate a
 // second, up to ControlFrames. A connection that has spent it is read no

@@ -48,7 +48,7 @@ func bindRogue(t *testing.T, r *floodRogue, cred string) {
 // each, charged to no budget (docs/design.md §11 until the thirty-eighth
 // pass). Now each connection's frames are charged to a frame budget of
 // its own (controlplane.ConnLimits.ControlFrames), earned by the requests
-// admitted on it and by time: with the clock stopped, the rogue's
+// on it the auth Gate judges and by time: with the clock stopped, the rogue's
 // connection is read no further once it spent it — a PING flood has at
 // most the budget's PINGs answered — while another agent's calls, over
 // the test's own connection shared by every honest caller, are served
@@ -177,7 +177,9 @@ func TestRogue38BControlFramesAfterAuthenticationAreThrottledOnTheirConnection(t
 // acknowledgements that come with them. With the clock stopped (no frame
 // budget earned by time), 300 calls of three callers over one connection,
 // a third of them cancelled in flight, are served and the connection is
-// never throttled: what it sends is earned by the calls it carries.
+// never throttled: what it sends is earned by the calls it carries — and
+// so are 400 calls refused on it, as a follower forwards those of a
+// caller whose credential is dead or whose budget is spent.
 func TestRogue38BAnHonestSharedConnectionIsNeverThrottled(t *testing.T) {
 	srv := testserver.Start(t, testserver.WithClock(clock.NewManual(epoch)), func(cfg *controlplane.Config) { cfg.RateLimit = 0 })
 	admin := srv.AdminClients()
@@ -201,6 +203,13 @@ func TestRogue38BAnHonestSharedConnectionIsNeverThrottled(t *testing.T) {
 				errs <- err
 			}
 		})
+	}
+	// A caller whose calls are all refused (its credential does not
+	// verify), as a follower forwards those of a caller whose
+	// credential is dead or budget spent: each is judged, and earns the
+	// connection its frames as an admitted one does.
+	for range 400 {
+		_ = whoAmI(srv.Clients("not-a-credential"))
 	}
 	wg.Wait()
 	close(errs)
