@@ -107,6 +107,23 @@ type ConnLimits struct {
 	// fileLimited is the MaxConnections asked for, when the open-file
 	// limit lowered it (fitFileLimit); New logs it.
 	fileLimited int
+	// ControlFrames bounds the HTTP/2 frames of a connection that carry
+	// no request's work — PING, SETTINGS, WINDOW_UPDATE, PRIORITY,
+	// RST_STREAM, empty DATA, HEADERS and CONTINUATION frames — that its
+	// peer may send ahead of what earned them: each request on the
+	// connection the auth Gate judges (admitted, or refused and charged
+	// to the budget of requests without a valid credential or of
+	// refusals) earns FramesPerRequest, each PING and SETTINGS the
+	// server sends one, each DATA frame of the server's answers of a KiB or
+	// more one, and ControlFrameRate a second, up to ControlFrames. A
+	// connection past it is read no further until it earns more (slowed,
+	// not closed: its peer alone sent those frames, and an honest client
+	// misjudged loses time, not calls). Go's HTTP/2 server answers such
+	// frames for free for as long as a connection lives, a frame's CPU each
+	// (thirty-eighth pass). Negative: unbounded.
+	ControlFrames int
+	// ControlFrameRate is how many frames ControlFrames earns a second.
+	ControlFrameRate float64
 	// MaxHeaderBytes bounds a request's headers (HTTP/1.1: 431; HTTP/2:
 	// the header list size the server advertises); Go's default is a
 	// megabyte, far above the 8 KiB of a credential. A stream keeps its
@@ -129,6 +146,8 @@ var DefaultConnLimits = ConnLimits{
 	PreAuthTimeout:      10 * time.Second,
 	MaxStreamsPerCaller: 256,
 	MaxHeaderBytes:      64 << 10,
+	ControlFrames:       128,
+	ControlFrameRate:    2,
 }
 
 func (l *ConnLimits) defaults() {
@@ -163,6 +182,12 @@ func (l *ConnLimits) defaults() {
 	}
 	if l.MaxHeaderBytes == 0 {
 		l.MaxHeaderBytes = d.MaxHeaderBytes
+	}
+	if l.ControlFrames == 0 {
+		l.ControlFrames = d.ControlFrames
+	}
+	if l.ControlFrameRate == 0 {
+		l.ControlFrameRate = d.ControlFrameRate
 	}
 	if l.MaxStreamsPerCaller == 0 {
 		l.MaxStreamsPerCaller = d.MaxStreamsPerCaller
@@ -496,6 +521,9 @@ type limitedConn struct {
 	// budget is the rate budget (auth.Principal.Budget) of the first
 	// caller bound to it (boundBudget).
 	budget atomic.Pointer[string]
+	// guard is its HTTP/2 frame guard, when its frames are budgeted
+	// (frameBudget).
+	guard atomic.Pointer[frameGuard]
 
 	// Guarded by l.mu.
 	elem    *list.Element // in l.unauth or l.health while unauthenticated
@@ -1043,6 +1071,11 @@ func (s *Server) ClosingConnections() int {
 	return int(conns.closing.Load())
 }
 
+// ThrottledConnections is how many HTTP/2 connections the server reads
+// no further now until their frame budget refills
+// (ConnLimits.ControlFrames).
+func (s *Server) ThrottledConnections() int { return int(s.throttled.Load()) }
+
 // OpenStreams is how many streams principal (e.g. "agent:n_…") holds open
 // on this server now.
 func (s *Server) OpenStreams(principal string) int { return s.authn.OpenStreams(principal) }
@@ -1199,6 +1232,9 @@ func preAuthBounded(guards func(path string) bool, next http.Handler) http.Handl
 			// context: admittedRequests marks the page live.
 			r = r.WithContext(context.WithValue(r.Context(), pageKey{}, pw))
 		}
+		if pw.page || guards(r.URL.Path) {
+			c.earnFrames()
+		}
 		if !pw.page && !guards(r.URL.Path) {
 			// A public request may wait without writing (a stream waiting
 			// for a message): past the bound it is not let in. On a bound
@@ -1243,6 +1279,16 @@ func admittedRequests(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// earnFrames credits a request the auth Gate judges (an RPC, admitted or
+// refused, or a console page) to the connection's frame budget
+// (FramesPerRequest). A public endpoint's (GET /healthz) earns nothing:
+// charged to nobody, it would buy its sender frames for free.
+func (c *limitedConn) earnFrames() {
+	if g := c.guard.Load(); g != nil {
+		g.earn(FramesPerRequest)
+	}
 }
 
 // answersBounded sits behind admittedRequests: the answer of an admitted

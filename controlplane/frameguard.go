@@ -9,7 +9,10 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/tetherhq/tether/internal/clock"
 )
 
 // MaxFramesAhead bounds the frames of an HTTP/2 peer the server reads
@@ -42,7 +45,10 @@ const MaxFramesAhead = 64
 // srv's Protocols and TLSConfig set: it has net/http install its HTTP/2
 // server (by serving a listener that fails at once, the only way net/http
 // offers to do so without serving) and wraps what it installed.
-func guardHTTP2(srv *http.Server) error {
+//
+// Each connection's frames that carry no request's work are charged to a
+// frame budget of its own (frameLimits): see ConnLimits.ControlFrames.
+func guardHTTP2(srv *http.Server, limits frameLimits) error {
 	var err error
 	if srv.TLSConfig != nil {
 		err = srv.ServeTLS(failingListener{}, "", "")
@@ -68,7 +74,7 @@ func guardHTTP2(srv *http.Server) error {
 			_ = c.Close()
 			return
 		}
-		serve(hs, handOff(newFrameGuard(nc.UnencryptedNetConn())), h)
+		serve(hs, handOff(newFrameGuard(nc.UnencryptedNetConn(), limits)), h)
 	}
 	if srv.TLSNextProto[h2] == nil {
 		return nil // HTTP/2 over TLS not served
@@ -89,7 +95,7 @@ func guardHTTP2(srv *http.Server) error {
 			return
 		}
 		_ = c.SetReadDeadline(time.Time{})
-		serve(hs, handOff(&tlsFrameGuard{newFrameGuard(c), c}), h)
+		serve(hs, handOff(&tlsFrameGuard{newFrameGuard(c, limits), c}), h)
 	}
 	return nil
 }
@@ -138,6 +144,9 @@ type frameGuard struct {
 	room    sync.Cond
 	waiting bool // for the acknowledgement of the guard's PING
 	closed  bool
+	// budget: the frames the peer may still send that carry no
+	// request's work (frameBudget); nil: unbounded.
+	budget *frameBudget
 
 	readMu  sync.Mutex
 	in      frameScanner // under readMu
@@ -153,21 +162,201 @@ type frameGuard struct {
 // pingAckHeader is the header of a PING acknowledgement.
 var pingAckHeader = [9]byte{0, 0, 8, framePing, flagAck}
 
-func newFrameGuard(c net.Conn) *frameGuard {
+func newFrameGuard(c net.Conn, limits frameLimits) *frameGuard {
 	g := &frameGuard{Conn: c}
 	g.room.L = &g.mu
 	g.ping[2], g.ping[3] = 8, framePing
 	_, _ = rand.Read(g.ping[9:])
 	g.out.cookie = [8]byte(g.ping[9:])
+	if limits.burst > 0 {
+		g.budget = &frameBudget{limits: limits, credit: float64(limits.burst), last: limits.clock.Now()}
+		g.in.charge = g.charge
+		// The connection's admitted requests earn it frames
+		// (limitedConn.earnFrames).
+		if lc := limitedOf(c); lc != nil {
+			lc.guard.Store(g)
+		}
+	}
 	return g
+}
+
+// frameLimits bound the frames of a connection's peer that carry no
+// request's work (ConnLimits.ControlFrames): burst 0 is unbounded.
+type frameLimits struct {
+	burst int
+	rate  float64 // frames a second
+	clock clock.Clock
+	// throttled counts the connections whose reads wait for their
+	// budget now (Server.ThrottledConnections).
+	throttled *atomic.Int64
+}
+
+// FramesPerRequest is how many frames carrying no request's work each
+// request on a connection that the auth Gate judges (an RPC or a console
+// page, admitted and charged to its caller's rate budget, or refused)
+// earns the connection's frame budget (ConnLimits.ControlFrames): room
+// for its stream's HEADERS and reset, its window updates, a header
+// block's CONTINUATIONs, a PING or two, many times over. A refused call
+// earns as an admitted one does: a follower forwarding the calls of a
+// caller whose budget is spent, or a client retrying them, is never
+// slowed for them, and each costs the server more than the frames it
+// earns. A public endpoint's request earns nothing.
+const FramesPerRequest = 16
+
+// frameBudget is a connection's budget of frames that carry no request's
+// work — every frame but a DATA frame with a payload (not padded), each
+// HEADERS and CONTINUATION frame among them — of which the peer may send
+// ControlFrames ahead. It refills by what the connection carries — each
+// request on it the auth Gate judges (FramesPerRequest), each frame the server sends
+// that its peer answers (a PING, a SETTINGS), each DATA frame of its
+// answers of at least a KiB (a window update) — and by ControlFrameRate a
+// second, up to ControlFrames. A connection that has spent it is read no
+// further until it refills: slowed, never closed by it, so that a client
+// misjudged loses time, not its calls. Under g.mu.
+type frameBudget struct {
+	limits frameLimits
+	credit float64
+	last   time.Time
+	timer  clock.Timer // armed while a read waits for the budget
+	// since: when a read first waited for the budget after it was last
+	// full; zero: it has been full since.
+	since time.Time
+}
+
+// MaxThrottled is how long a connection's reads may keep waiting for its
+// frame budget (ConnLimits.ControlFrames) before it is closed: from the
+// first wait after the budget was last full, a peer still sending past
+// what it earns is closed, its own calls with it. Slowed, a peer that
+// sends its frames back to back keeps the server's receive buffer of the
+// connection full of them (and, gone, its connection open until it is
+// read to its end at ControlFrameRate); an honest client past its budget
+// for a moment is read again at once, and refilled before it could be
+// closed.
+const MaxThrottled = 30 * time.Second
+
+// refill adds what time earned since last, up to the burst.
+func (b *frameBudget) refill() {
+	now := b.limits.clock.Now()
+	if d := now.Sub(b.last); d > 0 {
+		b.credit = min(float64(b.limits.burst), b.credit+d.Seconds()*b.limits.rate)
+	}
+	b.last = now
+	b.fullLocked()
+}
+
+// fullLocked ends an episode of throttling once the budget is full again.
+func (b *frameBudget) fullLocked() {
+	if b.credit >= float64(b.limits.burst) {
+		b.since = time.Time{}
+	}
+}
+
+// overdrawnLocked notes a read waiting for the budget, and reports
+// whether reads have waited for it since MaxThrottled ago or more.
+func (b *frameBudget) overdrawnLocked() bool {
+	now := b.limits.clock.Now()
+	if b.since.IsZero() {
+		b.since = now
+		return false
+	}
+	return now.Sub(b.since) >= MaxThrottled
+}
+
+// frameCost is what a frame costs the budget, from its header: nothing
+// for a DATA frame carrying a payload (its bytes are a request's body,
+// charged by their size), one for any other.
+func frameCost(hdr *[9]byte) float64 {
+	length := int(hdr[0])<<16 | int(hdr[1])<<8 | int(hdr[2])
+	if hdr[3] == frameData && length > 0 && hdr[4]&flagPadded == 0 {
+		return 0
+	}
+	return 1
+}
+
+// charge takes a frame the peer sent out of the budget, and reports
+// whether it is spent (the reads stop at the frame's end).
+func (g *frameGuard) charge(hdr *[9]byte) bool {
+	cost := frameCost(hdr)
+	if cost == 0 {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	b := g.budget
+	b.refill()
+	b.credit -= cost
+	return b.credit < 0
+}
+
+// earn adds n frames to the budget, up to the burst, and wakes a read
+// waiting for it.
+func (g *frameGuard) earn(n int) {
+	if n <= 0 || g.budget == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	b := g.budget
+	b.refill()
+	was := b.credit
+	b.credit = min(float64(b.limits.burst), b.credit+float64(n))
+	b.fullLocked()
+	if was < 0 && b.credit >= 0 {
+		g.room.Broadcast()
+	}
+}
+
+// spentLocked reports whether the budget is spent, arming the timer that
+// wakes the reads once time has refilled it. g.mu is held.
+func (g *frameGuard) spentLocked() bool {
+	b := g.budget
+	if b == nil {
+		return false
+	}
+	b.refill()
+	if b.credit >= 0 {
+		return false
+	}
+	if b.timer == nil && b.limits.rate > 0 {
+		wait := time.Duration(-b.credit / b.limits.rate * float64(time.Second))
+		b.timer = b.limits.clock.AfterFunc(max(wait, time.Millisecond), func() {
+			g.mu.Lock()
+			b.timer = nil
+			g.room.Broadcast()
+			g.mu.Unlock()
+		})
+	}
+	return true
 }
 
 func (g *frameGuard) Read(p []byte) (int, error) {
 	g.readMu.Lock()
 	defer g.readMu.Unlock()
 	g.mu.Lock()
-	for g.waiting && !g.closed {
-		g.room.Wait()
+	throttled := false
+	for !g.closed {
+		if g.waiting {
+			g.room.Wait()
+			continue
+		}
+		if len(g.inject) == 0 && g.spentLocked() {
+			if g.budget.overdrawnLocked() {
+				// Still sending past its budget MaxThrottled after it
+				// was first slowed: closed (its own calls with it).
+				g.closeLocked()
+				break
+			}
+			if !throttled {
+				throttled = true
+				g.budget.limits.throttled.Add(1)
+			}
+			g.room.Wait()
+			continue
+		}
+		break
+	}
+	if throttled {
+		g.budget.limits.throttled.Add(-1)
 	}
 	closed := g.closed
 	g.mu.Unlock()
@@ -222,6 +411,10 @@ func (g *frameGuard) Write(p []byte) (int, error) {
 			return 0, err
 		}
 	}
+	if earned := g.out.earned; earned > 0 {
+		g.out.earned = 0
+		g.earn(earned)
+	}
 	if acks > 0 {
 		g.mu.Lock()
 		g.waiting = false
@@ -233,10 +426,21 @@ func (g *frameGuard) Write(p []byte) (int, error) {
 
 func (g *frameGuard) Close() error {
 	g.mu.Lock()
-	g.closed = true
-	g.room.Broadcast()
+	g.closeLocked()
 	g.mu.Unlock()
 	return g.Conn.Close()
+}
+
+// closeLocked marks g closed and wakes its reads. g.mu is held; the
+// connection itself is closed by the caller, or by its read that returns
+// net.ErrClosed to the server, which closes it.
+func (g *frameGuard) closeLocked() {
+	g.closed = true
+	g.room.Broadcast()
+	if g.budget != nil && g.budget.timer != nil {
+		g.budget.timer.Stop()
+		g.budget.timer = nil
+	}
 }
 
 // frameScanner follows the frames the peer sends, as their bytes pass
@@ -250,15 +454,24 @@ type frameScanner struct {
 	// without END_HEADERS, until the CONTINUATION that ends it); no other
 	// frame may come between its frames.
 	block bool
+	// charge, when set, is called with each frame's header and reports
+	// whether the frame budget is spent: the scan then stops at the
+	// frame's end (spent), inside a header block too (stopping the reads
+	// puts nothing between its frames).
+	charge func(hdr *[9]byte) bool
+	spent  bool
 }
 
 const (
+	frameData         = 0x0
 	frameHeaders      = 0x1
 	framePushPromise  = 0x5
+	frameSettings     = 0x4
 	framePing         = 0x6
 	frameContinuation = 0x9
 	flagAck           = 0x1
 	flagEndHeaders    = 0x4
+	flagPadded        = 0x8
 )
 
 // scan passes p and returns how much of it to hand on, and whether a cut
@@ -280,6 +493,9 @@ func (s *frameScanner) scan(p []byte, limit int) (int, bool) {
 			case frameHeaders, framePushPromise, frameContinuation:
 				s.block = !end
 			}
+			if s.charge != nil && s.charge(&s.hdr) {
+				s.spent = true
+			}
 		}
 		c := min(s.left, len(p)-i)
 		s.left -= c
@@ -291,7 +507,12 @@ func (s *frameScanner) scan(p []byte, limit int) (int, bool) {
 		s.frames++
 		if s.frames >= limit && !s.block {
 			s.frames = 0
+			s.spent = false
 			return i, true
+		}
+		if s.spent {
+			s.spent = false
+			return i, false
 		}
 	}
 	return i, false
@@ -311,6 +532,22 @@ type ackFilter struct {
 	// written yet.
 	carried bool
 	buf     [9 + 8]byte // the frame's header (and, held, its payload)
+	// earned: the frames the peer may send in answer to what passed
+	// (earns), for the frame budget.
+	earned int
+}
+
+// earns is what a frame the server writes earns its peer's frame budget:
+// one for a PING or SETTINGS of the server's own (the peer acknowledges
+// it), one for a DATA frame of at least a KiB (the peer's window update).
+func earns(hdr []byte) int {
+	length := int(hdr[0])<<16 | int(hdr[1])<<8 | int(hdr[2])
+	switch {
+	case hdr[3] == frameData && length >= 1<<10,
+		(hdr[3] == framePing || hdr[3] == frameSettings) && hdr[4]&flagAck == 0:
+		return 1
+	}
+	return 0
 }
 
 // filter returns what of p to write (p itself when nothing is taken out
@@ -351,6 +588,7 @@ func (f *ackFilter) filter(p []byte) ([]byte, int) {
 			f.n += c
 			i += c
 			if f.n == len(pingAckHeader) {
+				f.earned += earns(f.buf[:])
 				f.left, f.n = length(), 0
 			}
 			continue
@@ -369,6 +607,7 @@ func (f *ackFilter) filter(p []byte) ([]byte, int) {
 			}
 			f.hold, f.carried = false, false
 			if f.n == len(pingAckHeader) {
+				f.earned += earns(f.buf[:])
 				f.left, f.n = length(), 0
 			}
 			continue

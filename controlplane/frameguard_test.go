@@ -46,7 +46,7 @@ func TestFrameGuardKeepsTheRequestsTLSState(t *testing.T) {
 	p.SetHTTP1(true)
 	p.SetHTTP2(true)
 	srv.Protocols = p
-	if err := guardHTTP2(srv); err != nil {
+	if err := guardHTTP2(srv, frameLimits{}); err != nil {
 		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -171,11 +171,11 @@ func TestLimitedOfSeesThroughTheGuard(t *testing.T) {
 	a, b := net.Pipe()
 	t.Cleanup(func() { a.Close(); b.Close() })
 	lc := &limitedConn{Conn: a}
-	if got := limitedOf(newFrameGuard(lc)); got != lc {
+	if got := limitedOf(newFrameGuard(lc, frameLimits{})); got != lc {
 		t.Fatal("the cleartext guard hid its connection")
 	}
 	tc := tls.Server(lc, &tls.Config{})
-	if got := limitedOf(&tlsFrameGuard{newFrameGuard(tc), tc}); got != lc {
+	if got := limitedOf(&tlsFrameGuard{newFrameGuard(tc, frameLimits{}), tc}); got != lc {
 		t.Fatal("the TLS guard hid its connection")
 	}
 }

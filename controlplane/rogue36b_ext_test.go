@@ -40,6 +40,7 @@ func TestRogue36BAnAgentCannotHoldManyCallsWaitingForTheirBodies(t *testing.T) {
 	const share = 16
 	rig := newHeldCallsRig(t, share, func(cfg *controlplane.Config) {
 		cfg.Conn.ReadTimeout = time.Hour // the bodies are not cut short
+		cfg.Conn.ControlFrames = -1      // unbounded: the frame budget (rogue38b) would stop the flood before what this test measures
 	})
 	srv, root, rogueC, sibling, siblingC, otherC, addr := rig.srv, rig.root, rig.rogueC, rig.sibling, rig.siblingC, rig.otherC, rig.addr
 	// The sibling's signal watch, a stream whose request arrived whole,
@@ -148,6 +149,7 @@ func TestRogue36BRapidResetsBeforeAuthenticationHoldNothing(t *testing.T) {
 	srv := testserver.Start(t, testserver.WithClock(clock.NewManual(epoch)), func(cfg *controlplane.Config) {
 		cfg.AnonymousRateLimit = 1          // bursts of 2, never refilled
 		cfg.Conn.PreAuthTimeout = time.Hour // the flood is not cut short
+		cfg.Conn.ControlFrames = -1         // unbounded: the frame budget (rogue38b) would stop the flood before what this test measures
 	})
 	op := newOwnConn(t, srv, srv.Admin)
 	if err := whoAmI(op.Clients); err != nil {

@@ -279,7 +279,8 @@ type Server struct {
 	served     http.Handler // Run: the http.Server sets the deadlines
 	authn      *auth.Interceptor
 	conns      atomic.Pointer[connLimiter]
-	metrics    *metrics // metrics.go
+	throttled  atomic.Int64 // connections waiting for their frame budget
+	metrics    *metrics     // metrics.go
 	components []component
 	// AdminTokenPath is where the bootstrap admin token was written ("" when
 	// the server runs without a data directory).
@@ -629,7 +630,8 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	srv.Protocols = protocols
 	// Each HTTP/2 connection's frames pass a frameGuard: the server reads
 	// at most MaxFramesAhead of a peer's frames ahead of its writer.
-	if err := guardHTTP2(srv); err != nil {
+	frames := frameLimits{burst: max(limits.ControlFrames, 0), rate: limits.ControlFrameRate, clock: s.cfg.Clock, throttled: &s.throttled}
+	if err := guardHTTP2(srv, frames); err != nil {
 		return err
 	}
 	conns := &connLimiter{

@@ -12,6 +12,7 @@
 // its descendants) holding groupShare entries or more replaces its group's
 // oldest; any other makes room: expired entries go first, then the
 // oldest of the groups holding more than their share (down to it), then
+// the oldest of the largest groups (down to a common level), then
 // arbitrary ones, until a quarter of it is free — so a rogue whose
 // thousands of children each present their tokens takes at most its
 // share before it pushes out only its own, and a group that filled the
@@ -229,11 +230,85 @@ func (c *Cache[V]) evict(now time.Time) {
 			}
 		}
 	}
+	c.level(len(c.entries) - c.max*3/4)
 	for sum := range c.entries {
 		if len(c.entries) <= c.max*3/4 {
 			return
 		}
 		c.Remove(sum)
+	}
+}
+
+// level removes up to n entries of the groups, the largest groups' first,
+// each group's oldest first: the groups are cut down to a common level
+// (the highest that frees n), the ones at it losing one more in turn
+// until n are gone. Until the thirty-eighth pass the room was made of
+// arbitrary entries (map order), whoever's, once no group held more than
+// its share: a rogue lineage kept just under its share had each token it
+// presented at a full cache drop a quarter of the cache at random, every
+// other lineage's among them; now its own go first, down to the others'.
+func (c *Cache[V]) level(n int) {
+	if n <= 0 || len(c.groups) == 0 {
+		return
+	}
+	type group struct {
+		name string
+		size int
+	}
+	groups := make([]group, 0, len(c.groups))
+	total := 0
+	for name, g := range c.groups {
+		groups = append(groups, group{name, g.live})
+		total += g.live
+	}
+	c.steps += len(groups)
+	// Largest first; ties by name, so that the cut is the same whatever
+	// the map's order.
+	slices.SortFunc(groups, func(a, b group) int {
+		if a.size != b.size {
+			return b.size - a.size
+		}
+		if a.name < b.name {
+			return -1
+		}
+		return 1
+	})
+	n = min(n, total)
+	// The level L: the largest for which cutting every group above it to
+	// it frees at least n; above counts the groups above L.
+	freed, above, level := 0, 0, groups[0].size
+	for freed < n {
+		// The level only goes down: above only grows.
+		for above < len(groups) && groups[above].size >= level {
+			above++
+		}
+		// Lowering the level by one frees one entry of each group at or
+		// above it.
+		if freed+above >= n {
+			break
+		}
+		freed += above
+		level--
+	}
+	// Cut the groups above level to it, then one more of the first of
+	// those at level until n are gone.
+	for _, g := range groups {
+		if g.size <= level {
+			break
+		}
+		for c.InGroup(g.name) > level {
+			c.Remove(c.oldest(g.name))
+			n--
+		}
+	}
+	for _, g := range groups[:above] {
+		if n <= 0 {
+			return
+		}
+		if c.InGroup(g.name) > 0 {
+			c.Remove(c.oldest(g.name))
+			n--
+		}
 	}
 }
 
