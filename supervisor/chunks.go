@@ -2468,7 +2468,9 @@ func finishRecord(tx store.Txn, stored Termination, p Progress, now time.Time) (
 	if err := indexRecord(tx, rec.RecordID, stored); err != nil {
 		return nil, 0, err
 	}
-	if err := tx.Put(outboxKey(rec.RecordID), nil); err != nil {
+	// The entry names the record's turn in the outbox (its termination's
+	// group, as in the reconciler's loop).
+	if err := tx.Put(outboxKey(rec.RecordID), []byte(treeGroup(stored.Tree, len(stored.RequesterLineage) == 0))); err != nil {
 		return nil, 0, err
 	}
 	next.RecordID = rec.RecordID

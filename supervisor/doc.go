@@ -75,6 +75,12 @@
 // watch fell behind. None of them returns before its context ends (but
 // an outbox with a Sink and no Render, a wiring error, does not start); a
 // record sink that fails is retried with a doubling backoff on the Clock.
+// The termination reconciler and the outbox serve the keys ready at once a
+// group at a time in turn: a termination's tree (its operators' stops a
+// group of their own), a record its termination's, which its outbox entry
+// names; so a rogue's many stops of its own children, or their records
+// due together after a sink's outage, do not hold another tree's, or an
+// operator's, behind them all.
 // The caller runs the three as leader-only components, and moves a manual
 // Clock in tests (its timers fire the wake-ups that came due).
 //

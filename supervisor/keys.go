@@ -10,7 +10,7 @@ const (
 	prefixTermination  = "terminations/"           // terminations/<id> → Termination (JSON)
 	prefixRecord       = "records/"                // records/<id> → "parts head"; records/<id>/part/<n> → ReconciliationRecord bytes (storecodec)
 	prefixRecordByTerm = "records-by-term/"        // records-by-term/<termination id> → record id
-	prefixOutbox       = "outbox/records/"         // outbox/records/<record id> → "" until the sink has it
+	prefixOutbox       = "outbox/records/"         // outbox/records/<record id> → its group (the termination's turn) until the sink has it
 	prefixProposal     = "proposals/"              // proposals/<id> → StopProposal (storecodec)
 	prefixPendingProp  = "proposals-pending/"      // proposals-pending/<node id>/<id> → "" while an agent's proposal is pending, pendingRuleMark while a stop rule's is
 	prefixPendingTree  = "proposals-pending-tree/" // proposals-pending-tree/<root id>/<id> → "" while an agent's proposal is pending

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tetherhq/tether/internal/reconcile"
@@ -139,16 +140,42 @@ func (o *Outbox) Run(ctx context.Context) error {
 	if maxRetry <= 0 {
 		maxRetry = max(retry, DefaultRecordMaxRetry)
 	}
+	// groups: record id → its turn, the group its entry names (a
+	// termination's tree, its operators' stops a turn of their own); ""
+	// for an entry written before the entries named one.
+	var groups sync.Map
+	note := func(recordID string, group []byte) {
+		if len(group) > 0 {
+			groups.Store(recordID, string(group))
+		}
+	}
 	return reconcile.New(reconcile.Config{
 		Name: "record outbox", Store: s.Store, Clock: s.Clock, Log: s.Log,
 		Watch: [][]byte{[]byte(prefixOutbox)},
-		Scan:  o.pending,
+		Scan: func(ctx context.Context) ([]string, error) {
+			groups.Clear()
+			return o.pending(ctx, note)
+		},
 		Changed: func(batch []store.Event, kick func(string)) {
 			for _, ev := range batch {
+				recordID := strings.TrimPrefix(string(ev.Key), prefixOutbox)
 				if ev.Type == store.EventPut {
-					kick(strings.TrimPrefix(string(ev.Key), prefixOutbox))
+					note(recordID, ev.Value)
+					kick(recordID)
+				} else {
+					groups.Delete(recordID)
 				}
 			}
+		},
+		// The trees take turns, as in the termination reconciler: the
+		// records of a rogue's many stops of its own children, due at
+		// once (a sink back after an outage), do not hold an operator's
+		// record, or another tree's, behind them all.
+		Group: func(recordID string) string {
+			if g, ok := groups.Load(recordID); ok {
+				return g.(string)
+			}
+			return ""
 		},
 		Reconcile: func(ctx context.Context, recordID string) (time.Time, error) {
 			return time.Time{}, o.deliver(ctx, recordID)
@@ -157,12 +184,15 @@ func (o *Outbox) Run(ctx context.Context) error {
 	}).Run(ctx)
 }
 
-func (o *Outbox) pending(ctx context.Context) ([]string, error) {
+// pending lists the undelivered records, and tells note each one's group.
+func (o *Outbox) pending(ctx context.Context, note func(recordID string, group []byte)) ([]string, error) {
 	var out []string
 	err := o.Supervisor.Store.View(ctx, func(tx store.ReadTxn) error {
 		out = nil
-		return tx.Scan([]byte(prefixOutbox), nil, func(k, _ []byte) error {
-			out = append(out, strings.TrimPrefix(string(k), prefixOutbox))
+		return tx.Scan([]byte(prefixOutbox), nil, func(k, v []byte) error {
+			recordID := strings.TrimPrefix(string(k), prefixOutbox)
+			out = append(out, recordID)
+			note(recordID, v)
 			return nil
 		})
 	})
