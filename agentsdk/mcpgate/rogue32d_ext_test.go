@@ -44,6 +44,24 @@ func rogueChild(t *testing.T, w *world, ttl time.Duration) (self string, credent
 	return child.Msg.Node.NodeId, child.Msg.Credential, grant.Msg.Token
 }
 
+// revokeAtGateway revokes the grant of token (the rogue's) and waits
+// until gw's verifier refuses it as revoked.
+func revokeAtGateway(t *testing.T, w *world, gw *mcpgate.Gateway, token string) {
+	t.Helper()
+	ctx := context.Background()
+	claims, err := gw.Verifier().Identify(ctx, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.admin.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: claims.GrantID}, Reason: "rogue"})); err != nil {
+		t.Fatal(err)
+	}
+	testserver.WaitFor(t, guardWait, "the revocation to reach the gateway", func() bool {
+		_, err := gw.Verifier().Verify(ctx, token)
+		return errors.Is(err, capability.ErrGrantRevoked)
+	})
+}
+
 // claimAfterSessionEnd opens and ends the rogue's session, then has it
 // claim its exit, the control plane's clock moved between each.
 func claimAfterSessionEnd(t *testing.T, w *world, self, credential string) {

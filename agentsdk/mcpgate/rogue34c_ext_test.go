@@ -2,7 +2,6 @@ package mcpgate_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -14,7 +13,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
-	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -73,18 +71,7 @@ func TestRogue34CRefusalWithinItsIntervalIsReportedAsTheGatewayShutsDown(t *test
 	gw := gatewayOnClock(t, w, gclk, nil)
 	endpoint := serveGateway(t, gw)
 
-	ctx := context.Background()
-	claims, err := gw.Verifier().Identify(ctx, token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := w.admin.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: claims.GrantID}, Reason: "rogue"})); err != nil {
-		t.Fatal(err)
-	}
-	testserver.WaitFor(t, guardWait, "the revocation to reach the gateway", func() bool {
-		_, err := gw.Verifier().Verify(ctx, token)
-		return errors.Is(err, capability.ErrGrantRevoked)
-	})
+	revokeAtGateway(t, w, gw, token)
 	// Refused before its claim: reported (at work before its claim, no
 	// contradiction).
 	if got := pingStatus(t, endpoint, token); got != http.StatusForbidden {

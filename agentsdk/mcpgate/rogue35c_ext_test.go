@@ -2,8 +2,6 @@ package mcpgate_test
 
 import (
 	"bufio"
-	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -19,13 +17,9 @@ import (
 	"testing"
 	"time"
 
-	"connectrpc.com/connect"
-
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
-	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 // The thirty-fifth rogue pass against the MCP gateway (helper C).
@@ -128,18 +122,7 @@ func TestRogue35CRefusalWithinItsIntervalSurvivesTheGatewaysLoss(t *testing.T) {
 	gw := gatewayOnClockWith(t, w, clock.NewManual(w.clk.Now()), nil, withFile)
 	endpoint := serveGateway(t, gw)
 
-	ctx := context.Background()
-	claims, err := gw.Verifier().Identify(ctx, token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := w.admin.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: claims.GrantID}, Reason: "rogue"})); err != nil {
-		t.Fatal(err)
-	}
-	testserver.WaitFor(t, guardWait, "the revocation to reach the gateway", func() bool {
-		_, err := gw.Verifier().Verify(ctx, token)
-		return errors.Is(err, capability.ErrGrantRevoked)
-	})
+	revokeAtGateway(t, w, gw, token)
 	if got := pingStatus(t, endpoint, token); got != http.StatusForbidden {
 		t.Fatalf("the revoked rogue's ping: %d; want 403", got)
 	}

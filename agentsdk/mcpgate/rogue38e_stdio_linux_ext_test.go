@@ -5,7 +5,6 @@ package mcpgate_test
 import (
 	"bufio"
 	"context"
-	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -22,7 +21,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
-	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -92,18 +90,7 @@ func TestRogue38EStdioUpstreamsAreClosedTogetherAndTheCloseReportsStillSent(t *t
 	// A revoked rogue refused before its claim (reported then) and after
 	// it, within its report's interval on the gateway's clock, which
 	// stands: that report is sent at the close.
-	ctx := context.Background()
-	claims, err := gw.Verifier().Identify(ctx, token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := w.admin.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: claims.GrantID}, Reason: "rogue"})); err != nil {
-		t.Fatal(err)
-	}
-	testserver.WaitFor(t, guardWait, "the revocation to reach the gateway", func() bool {
-		_, err := gw.Verifier().Verify(ctx, token)
-		return errors.Is(err, capability.ErrGrantRevoked)
-	})
+	revokeAtGateway(t, w, gw, token)
 	if got := pingStatus(t, endpoint, token); got != http.StatusForbidden {
 		t.Fatalf("the revoked rogue's ping: %d; want 403", got)
 	}
@@ -206,18 +193,7 @@ func TestRogue38ECloseReportsDoNotWaitForAStdioUpstreamsExit(t *testing.T) {
 	// A revoked rogue refused after its claim, within its report's
 	// interval on the gateway's clock (which stands): reported at the
 	// close.
-	ctx := context.Background()
-	claims, err := gw.Verifier().Identify(ctx, token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := w.admin.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: claims.GrantID}, Reason: "rogue"})); err != nil {
-		t.Fatal(err)
-	}
-	testserver.WaitFor(t, guardWait, "the revocation to reach the gateway", func() bool {
-		_, err := gw.Verifier().Verify(ctx, token)
-		return errors.Is(err, capability.ErrGrantRevoked)
-	})
+	revokeAtGateway(t, w, gw, token)
 	if got := pingStatus(t, endpoint, token); got != http.StatusForbidden {
 		t.Fatalf("the revoked rogue's ping: %d; want 403", got)
 	}
