@@ -214,7 +214,7 @@ func TestRogue38HAStateDirOthersMayWriteIsRefused(t *testing.T) {
 // rogue38h tests start (this test binary, re-executed) and kill.
 func TestRogue38HHelperLauncher(t *testing.T) {
 	if os.Getenv("R38H_LAUNCHER") != "1" {
-		t.Skip("a launcher process of the rogue38h tests")
+		t.Skip("By design: a helper process, not a test: the launcher the rogue38h tests start (this binary re-executed with R38H_LAUNCHER=1); it runs only there.")
 	}
 	cfg := agentsdk.LauncherConfig{
 		Operator: agentsdk.Dial(os.Getenv("R38H_URL"), os.Getenv("R38H_TOKEN"), agentsdk.WithHTTPClient(testserver.H2CClient())),
@@ -414,7 +414,7 @@ func openPty(t *testing.T) (master, tty *os.File) {
 func TestRogue38HHelperAgent(t *testing.T) {
 	out := os.Getenv("R38H_AGENT_OUT")
 	if out == "" {
-		t.Skip("an agent process of the rogue38h tests")
+		t.Skip("By design: a helper process, not a test: the agent the rogue38h tests launch (this binary re-executed with R38H_AGENT_OUT set); it runs only there.")
 	}
 	result := "reached"
 	fd, err := syscall.Open("/dev/tty", syscall.O_RDWR, 0)
