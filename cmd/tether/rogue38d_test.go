@@ -166,32 +166,7 @@ func TestRogue38DRecordListIsReadAPageAtATime(t *testing.T) {
 			return err == nil
 		})
 	}
-	seen := map[string]int{}
-	args := []string{"record", "ls", "--limit", "2"}
-	for pages := 0; ; pages++ {
-		if pages > stops {
-			t.Fatalf("tether record ls --limit 2 pages on past %d records: %v", stops, seen)
-		}
-		out := mustCLI(t, srv.URL, srv.Admin, args...)
-		lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
-		more := ""
-		if last := lines[len(lines)-1]; strings.HasPrefix(last, "… more: ") {
-			more, lines = last, lines[:len(lines)-1]
-		}
-		if len(lines)-1 > 2 {
-			t.Fatalf("tether %s printed %d records, want at most 2:\n%s", strings.Join(args, " "), len(lines)-1, out)
-		}
-		for _, l := range lines[1:] {
-			seen[strings.Fields(l)[0]]++
-		}
-		if more == "" {
-			break
-		}
-		args = strings.Fields(strings.TrimPrefix(more, "… more: tether "))
-	}
-	if len(seen) != stops {
-		t.Fatalf("the pages of tether record ls --limit 2 listed %d records, want %d: %v", len(seen), stops, seen)
-	}
+	seen := pageThrough(t, srv, "record", stops)
 	for r, n := range seen {
 		if n != 1 {
 			t.Fatalf("record %s listed %d times", r, n)
@@ -223,11 +198,25 @@ func TestRogue38DProposalListIsReadAPageAtATime(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	seen := pageThrough(t, srv, "proposal", proposals)
+	for p, n := range seen {
+		if n != 1 {
+			t.Fatalf("proposal %s listed %d times", p, n)
+		}
+	}
+}
+
+// pageThrough follows `tether <noun> ls --limit 2` and the next-page
+// command each page prints to the end, checks that no page holds more
+// than 2 rows and that want distinct ids were listed, and returns how
+// many times each id was.
+func pageThrough(t *testing.T, srv *testserver.Server, noun string, want int) map[string]int {
+	t.Helper()
 	seen := map[string]int{}
-	args := []string{"proposal", "ls", "--limit", "2"}
+	args := []string{noun, "ls", "--limit", "2"}
 	for pages := 0; ; pages++ {
-		if pages > proposals {
-			t.Fatalf("tether proposal ls --limit 2 pages on past %d proposals: %v", proposals, seen)
+		if pages > want {
+			t.Fatalf("tether %s ls --limit 2 pages on past %d %ss: %v", noun, want, noun, seen)
 		}
 		out := mustCLI(t, srv.URL, srv.Admin, args...)
 		lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
@@ -236,7 +225,7 @@ func TestRogue38DProposalListIsReadAPageAtATime(t *testing.T) {
 			more, lines = last, lines[:len(lines)-1]
 		}
 		if len(lines)-1 > 2 {
-			t.Fatalf("tether %s printed %d proposals, want at most 2:\n%s", strings.Join(args, " "), len(lines)-1, out)
+			t.Fatalf("tether %s printed %d %ss, want at most 2:\n%s", strings.Join(args, " "), len(lines)-1, noun, out)
 		}
 		for _, l := range lines[1:] {
 			seen[strings.Fields(l)[0]]++
@@ -246,12 +235,8 @@ func TestRogue38DProposalListIsReadAPageAtATime(t *testing.T) {
 		}
 		args = strings.Fields(strings.TrimPrefix(more, "… more: tether "))
 	}
-	if len(seen) != proposals {
-		t.Fatalf("the pages of tether proposal ls --limit 2 listed %d proposals, want %d: %v", len(seen), proposals, seen)
+	if len(seen) != want {
+		t.Fatalf("the pages of tether %s ls --limit 2 listed %d %ss, want %d: %v", noun, len(seen), noun, want, seen)
 	}
-	for p, n := range seen {
-		if n != 1 {
-			t.Fatalf("proposal %s listed %d times", p, n)
-		}
-	}
+	return seen
 }
