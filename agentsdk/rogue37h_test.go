@@ -91,11 +91,7 @@ func TestRogue37HAnAgentCannotReachItsLauncherOrItsReplacement(t *testing.T) {
 		return first != ""
 	})
 	// Drain v1 (a long window): the launcher starts v2 beside it.
-	if _, err := admin.Supervisor.Terminate(context.Background(), connect.NewRequest(&tetherv1.TerminateRequest{
-		NodeId: first, Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, Reason: "upgrade", DrainWindow: durationpb.New(10 * time.Minute),
-	})); err != nil {
-		t.Fatal(err)
-	}
+	drainForUpgrade(t, admin, first)
 	testserver.WaitFor(t, 30*time.Second, "the rogue v1 to probe its launcher and its replacement", func() bool {
 		return strings.Contains(out.String(), "probed")
 	})
@@ -134,11 +130,7 @@ func TestRogue37HALauncherRetriesAReplacementThatFailedToStart(t *testing.T) {
 		first, _ = l.Current()
 		return first != "" && strings.Contains(out.String(), "moved")
 	})
-	if _, err := admin.Supervisor.Terminate(context.Background(), connect.NewRequest(&tetherv1.TerminateRequest{
-		NodeId: first, Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, Reason: "upgrade", DrainWindow: durationpb.New(10 * time.Minute),
-	})); err != nil {
-		t.Fatal(err)
-	}
+	drainForUpgrade(t, admin, first)
 	testserver.WaitFor(t, 30*time.Second, "the launcher to fail to start v2", func() bool {
 		return logs.count("launcher step failed; retrying") > 0
 	})
@@ -290,5 +282,17 @@ func TestRogue37HAnAgentThatLeavesItsGroupIsStillStopped(t *testing.T) {
 	}
 	if f := strings.Fields(string(b)); len(f) != 2 || f[1] != "false" {
 		t.Fatalf("the rogue says %q (pid, left its group): an agent moved itself out of its process group", b)
+	}
+}
+
+// drainForUpgrade has the operator drain node for an upgrade, with a
+// drain window (ten minutes) longer than any test: the launcher starts
+// the next version beside it.
+func drainForUpgrade(t *testing.T, admin *testserver.Clients, node string) {
+	t.Helper()
+	if _, err := admin.Supervisor.Terminate(context.Background(), connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: node, Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, Reason: "upgrade", DrainWindow: durationpb.New(10 * time.Minute),
+	})); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -20,7 +20,6 @@ import (
 	"unsafe"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane/testserver"
@@ -350,11 +349,7 @@ func TestRogue38HARegistrationWhoseAnswerWasLostIsEnded(t *testing.T) {
 		first, _ = l.Current()
 		return first != ""
 	})
-	if _, err := admin.Supervisor.Terminate(context.Background(), connect.NewRequest(&tetherv1.TerminateRequest{
-		NodeId: first, Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, Reason: "upgrade", DrainWindow: durationpb.New(10 * time.Minute),
-	})); err != nil {
-		t.Fatal(err)
-	}
+	drainForUpgrade(t, admin, first)
 	testserver.WaitFor(t, 30*time.Second, "the launcher to fail to register v2", func() bool {
 		return logs.count("launcher step failed; retrying") > 0
 	})
