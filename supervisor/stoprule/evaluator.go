@@ -219,13 +219,9 @@ const peakSaveTimeout = 5 * time.Second
 const peakBatch = 256
 
 // startPeaks starts the counts of up to peakBatch nodes marked for one
-// (peakStart), each from a snapshot of its records, in one transaction;
-// Run's loop goes round again while some are marked, the watches read
-// between two batches. When the transaction fails each node is read in
-// one of its own, and a node whose read fails is left to start at its
-// first evaluation (which reports the failure and retries as evaluations
-// do): a record that does not decode keeps no other node's count from
-// starting, nor the loop turning.
+// (peakStart), each from a snapshot of its records, in one transaction
+// (readPeaks: one each when that fails); Run's loop goes round again
+// while some are marked, the watches read between two batches.
 func (r *Rules) startPeaks(ctx context.Context, ix *index) {
 	var ids []string
 	for id := range ix.peakStart {
@@ -241,17 +237,7 @@ func (r *Rules) startPeaks(ctx context.Context, ix *index) {
 		return
 	}
 	counts := map[string]*subtreePeak{}
-	err := r.Store.View(ctx, func(tx store.ReadTxn) error { return readSubtreePeaks(tx, ids, counts) })
-	if err != nil {
-		clear(counts)
-		for _, id := range ids {
-			err := r.Store.View(ctx, func(tx store.ReadTxn) error { return readSubtreePeaks(tx, []string{id}, counts) })
-			if err != nil {
-				delete(counts, id)
-				r.logger().Warn("stop rules: reading the subtree's calls in flight failed; its count starts at its evaluation", "node_id", id, "error", err)
-			}
-		}
-	}
+	r.readPeaks(func(f func(store.ReadTxn) error) error { return r.Store.View(ctx, f) }, ids, counts)
 	for _, id := range ids {
 		delete(ix.peakStart, id)
 		if p := counts[id]; p != nil {
@@ -259,6 +245,27 @@ func (r *Rules) startPeaks(ctx context.Context, ix *index) {
 			if p.now() > p.saved {
 				ix.peakRisen[id] = true
 			}
+		}
+	}
+}
+
+// readPeaks starts a count for each of ids into counts, reading through
+// view (a transaction each call): all together, or when that fails one by
+// one, so that a record that does not decode keeps no other node's count
+// from starting, nor the loop turning or the pass starting. A node whose
+// own read fails has no count (it starts at its evaluation, which reports
+// the failure and retries as evaluations do).
+func (r *Rules) readPeaks(view func(func(store.ReadTxn) error) error, ids []string, counts map[string]*subtreePeak) {
+	if view(func(tx store.ReadTxn) error { return readSubtreePeaks(tx, ids, counts) }) == nil {
+		return
+	}
+	for _, id := range ids {
+		delete(counts, id)
+	}
+	for _, id := range ids {
+		if err := view(func(tx store.ReadTxn) error { return readSubtreePeaks(tx, []string{id}, counts) }); err != nil {
+			delete(counts, id)
+			r.logger().Warn("stop rules: reading the subtree's calls in flight failed; its count starts at its evaluation", "node_id", id, "error", err)
 		}
 	}
 }
@@ -369,19 +376,7 @@ func (r *Rules) load(ctx context.Context) (*index, error) {
 		}
 		for len(ids) > 0 {
 			n := min(len(ids), peakBatch)
-			if err := readSubtreePeaks(tx, ids[:n], ix.peaks); err != nil {
-				// One by one: a record that does not decode keeps no
-				// other count from going on, nor the pass from starting
-				// (that node's count starts at its evaluation, which
-				// reports the failure).
-				for _, id := range ids[:n] {
-					delete(ix.peaks, id)
-					if err := readSubtreePeaks(tx, []string{id}, ix.peaks); err != nil {
-						delete(ix.peaks, id)
-						r.logger().Warn("stop rules: reading the subtree's calls in flight failed; its count starts at its evaluation", "node_id", id, "error", err)
-					}
-				}
-			}
+			r.readPeaks(func(f func(store.ReadTxn) error) error { return f(tx) }, ids[:n], ix.peaks)
 			ids = ids[n:]
 		}
 		for id, p := range ix.peaks {
