@@ -1315,17 +1315,45 @@ func answersBounded(take func(p auth.Principal, procedure string) (func(), error
 		if aw.release == nil {
 			return
 		}
-		defer aw.release()
 		if r.ProtoMajor == 2 {
-			// Written here, while the slot is held: HTTP/2 writes what is
-			// left of an answer after its handler returns (and ends its
-			// request's context first), so the wait for the window would
-			// come after the slot was given back. It costs the stream an
-			// empty DATA frame to end it. (HTTP/1.1 carries one request at
-			// a time, its answer's write bounded by its connection's.)
+			// HTTP/2 writes what is left of an answer after its handler
+			// returns (and ends its request's context first): the slot
+			// is given back once the stream is closed — its last frame
+			// written, or the stream reset — so an answer waiting for a
+			// window its client does not grant holds its slot. (A flush
+			// here would hold it too, at the cost of an empty DATA frame
+			// a call to end the stream.) HTTP/1.1 carries one request at
+			// a time, its answer's write bounded by its connection's.
+			if closed := streamClosed(w); closed != nil {
+				release := aw.release
+				go func() {
+					<-closed
+					release()
+				}()
+				return
+			}
 			_ = http.NewResponseController(w).Flush()
 		}
+		aw.release()
 	})
+}
+
+// streamClosed is the channel an HTTP/2 stream's writer reports its
+// stream closed on (http.CloseNotifier: its last frame written or the
+// stream reset), reached through the writers wrapping it; nil if none
+// has one.
+func streamClosed(w http.ResponseWriter) <-chan bool {
+	for {
+		// Deprecated, but CloseNotifier is the one signal of an HTTP/2 stream's end that outlives its handler.
+		if cn, ok := w.(http.CloseNotifier); ok {
+			return cn.CloseNotify()
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return nil
+		}
+		w = u.Unwrap()
+	}
 }
 
 // errAnswerCut is what a write gets once its answer was refused a slot
