@@ -395,11 +395,13 @@ func (s *Supervisor) Reconcile(ctx context.Context, terminationID string) (time.
 				// After a restart the revocations still undecided are
 				// started again (a no-op for those already running):
 				// those the held index lists, or else every member's.
+				// Their revocation began (t.Revoked) while they were
+				// live, so none is decided expired now (Resume).
 				kick := func() { s.Kick(t.ID) }
 				if t.HeldIndexed {
 					pending, err := store.Read(ctx, s.Store, func(tx store.ReadTxn) ([]privilege.Privilege, error) { return pendingHeld(tx, t) })
 					if err == nil {
-						err = s.Privileges.DispatchRead(ctx, pending, t.HookDeadline, kick)
+						err = s.Privileges.Resume(ctx, pending, t.HookDeadline, kick)
 					}
 					if err != nil {
 						return time.Time{}, err
@@ -409,7 +411,7 @@ func (s *Supervisor) Reconcile(ctx context.Context, terminationID string) (time.
 					if err != nil {
 						return time.Time{}, err
 					}
-					if err := s.Privileges.Dispatch(ctx, members, t.HookDeadline, kick); err != nil {
+					if err := s.Privileges.ResumeNodes(ctx, members, t.HookDeadline, kick); err != nil {
 						return time.Time{}, err
 					}
 				}

@@ -7,6 +7,10 @@
 // declared expiry when its revocation begins is decided expired without a
 // call; one whose expiry passes while its hook is called is waited for to
 // the deadline like any other (Pending): the expiry is its registrant's word.
+// Resume starts again, after a restart, the revocations already begun and
+// still undecided, never deciding one expired: each was live when its
+// revocation began, and a declared expiry that passed while the control
+// plane was down does not make the hook's silence an expiry.
 //
 // Nothing the workload registers can hold a termination hostage: a revoke
 // webhook may only point at a destination the operator allowed
@@ -20,7 +24,7 @@
 //     empty allows no webhook at all.
 //   - Give Dispatch a context that lives as long as the reconciler: the
 //     calls it starts outlive the call to Dispatch, and a restarted
-//     reconciler calls it again for what is undecided.
+//     reconciler calls Resume for what is undecided.
 //   - Make in-process revokers idempotent: a privilege may be revoked
 //     again after a restart.
 package privilege

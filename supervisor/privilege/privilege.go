@@ -304,7 +304,7 @@ func PrivilegesIn(tx store.ReadTxn, nodeIDs []string) ([]Privilege, error) {
 // privilege past its expiry is decided expired without a call. Dispatch is
 // idempotent: a privilege being revoked is not started twice, nor one
 // decided since the caller read it (DispatchRead reads again), and after a
-// restart the reconciler calls Dispatch again for what is undecided. ctx
+// restart the reconciler calls Resume for what is undecided. ctx
 // bounds the calls' lifetime (the reconciler's); decided, when set, is
 // called after each outcome is persisted.
 func (r *Privileges) Dispatch(ctx context.Context, nodeIDs []string, deadline time.Time, decided func()) error {
@@ -319,6 +319,32 @@ func (r *Privileges) Dispatch(ctx context.Context, nodeIDs []string, deadline ti
 // in a transaction of its own, as a termination's revocation does to keep
 // the list).
 func (r *Privileges) DispatchRead(ctx context.Context, privs []Privilege, deadline time.Time, decided func()) error {
+	return r.dispatch(ctx, privs, deadline, decided, false)
+}
+
+// Resume is DispatchRead of privileges whose revocation already began (a
+// restarted reconciler's, for what is still undecided): each of them was
+// live when it began (one past its expiry then was decided expired at
+// once), so none is decided expired now, whatever its declared expiry:
+// each is called again within deadline, and one that does not answer by
+// then is the record's to decide (revoke_failed). Until the thirty-ninth
+// pass a control plane restarted after the declared expiry of a privilege
+// whose hook hung, before the hook deadline, decided it expired on its
+// registrant's word.
+func (r *Privileges) Resume(ctx context.Context, privs []Privilege, deadline time.Time, decided func()) error {
+	return r.dispatch(ctx, privs, deadline, decided, true)
+}
+
+// ResumeNodes is Resume of the undecided privileges of the nodes.
+func (r *Privileges) ResumeNodes(ctx context.Context, nodeIDs []string, deadline time.Time, decided func()) error {
+	privs, err := store.Read(ctx, r.Store, func(tx store.ReadTxn) ([]Privilege, error) { return PrivilegesIn(tx, nodeIDs) })
+	if err != nil {
+		return err
+	}
+	return r.Resume(ctx, privs, deadline, decided)
+}
+
+func (r *Privileges) dispatch(ctx context.Context, privs []Privilege, deadline time.Time, decided func(), begun bool) error {
 	now := r.Clock.Now()
 	var expired []Privilege
 	byNode := map[string][]Privilege{}
@@ -330,7 +356,7 @@ func (r *Privileges) DispatchRead(ctx context.Context, privs []Privilege, deadli
 	for _, p := range privs {
 		switch {
 		case p.Outcome != "" || r.inFlight[p.ID]:
-		case !now.Before(p.ExpiresAt):
+		case !begun && !now.Before(p.ExpiresAt):
 			p.Outcome, p.DecidedAt = OutcomeExpired, now
 			expired = append(expired, p)
 		default:
