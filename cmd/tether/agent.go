@@ -122,6 +122,15 @@ const (
 )
 
 // checkLimit refuses a --limit out of 1..maxLimit.
+// limitFlag is --limit's value for a next-page line: "" when it is the
+// default.
+func limitFlag(limit, def int) string {
+	if limit == def {
+		return ""
+	}
+	return strconv.Itoa(limit)
+}
+
 func checkLimit(limit int) error {
 	if limit < 1 || limit > maxLimit {
 		return fmt.Errorf("--limit %d: want 1 to %d", limit, maxLimit)

@@ -137,6 +137,49 @@ func answer[R any](resp *connect.Response[R], err error) (*R, error) {
 	return resp.Msg, nil
 }
 
+// somePages collects the pages of a paged list from token on until it holds
+// limit items, calls listings were read or the list ends, and returns them
+// and the next page's token ("" at the end). page fetches the page a token
+// names with at most size items. A listing an agent can grow (grants it
+// delegated and revoked, leases of jobs it chose the ids of) is read so,
+// never whole.
+func somePages[T any](limit, calls int, token string, page func(token string, size int32) ([]T, string, error)) ([]T, string, error) {
+	var all []T
+	for range calls {
+		items, next, err := page(token, int32(min(limit-len(all), 1000)))
+		if err != nil {
+			return nil, "", err
+		}
+		all = append(all, items...)
+		if token = next; token == "" || len(all) >= limit {
+			break
+		}
+	}
+	return all, token, nil
+}
+
+// nextPageLine is the line a listing cut at --limit ends with: the command
+// that prints the next page (command, the page token, then the flags that
+// chose the listing, each a name and its value, the empty ones left out).
+// With -o json it goes to stderr, so that stdout stays JSON, and the
+// answer is "".
+func nextPageLine(g *globals, cmd *cobra.Command, command, token string, flags ...string) string {
+	if token == "" {
+		return ""
+	}
+	more := "… more: " + command + " --page-token " + token
+	for i := 0; i+1 < len(flags); i += 2 {
+		if flags[i+1] != "" {
+			more += " " + flags[i] + " " + flags[i+1]
+		}
+	}
+	if asJSON, _ := g.wantJSON(); asJSON {
+		fmt.Fprintln(cmd.ErrOrStderr(), more)
+		return ""
+	}
+	return more
+}
+
 // allPages collects every page of a paged list. page fetches the page a
 // token names ("" for the first) and returns its items and the next
 // token, "" after the last page.

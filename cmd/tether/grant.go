@@ -176,22 +176,42 @@ func grantShow(g *globals) *cobra.Command {
 }
 
 func grantList(g *globals) *cobra.Command {
-	var holder, subtree, derived string
+	var holder, subtree, derived, token string
+	var limit int
 	cmd := &cobra.Command{
-		Use:   "ls [--holder NODE | --subtree NODE | --derived-from GRANT]",
-		Short: "List grants",
+		Use:   "ls [--holder NODE | --subtree NODE | --derived-from GRANT] [--limit N] [--page-token T]",
+		Short: "List grants, a page at a time",
 		Args:  cobra.NoArgs,
 		RunE: g.dialed(func(cmd *cobra.Command, _ []string, c *clients) error {
-			grants, err := listGrants(cmd, c, &tetherv1.ListGrantsRequest{HolderNodeId: holder, SubtreeNodeId: subtree, DerivedFromGrantId: derived})
+			if err := checkLimit(limit); err != nil {
+				return err
+			}
+			// A page at a time, never every grant: revoked grants are
+			// kept, and an agent that delegates and revokes again and
+			// again grows them as far as its budget pays for.
+			grants, next, err := somePages(limit, recordsCalls, token, func(token string, size int32) ([]*tetherv1.Grant, string, error) {
+				resp, err := c.Capability.ListGrants(cmd.Context(), connect.NewRequest(&tetherv1.ListGrantsRequest{HolderNodeId: holder, SubtreeNodeId: subtree, DerivedFromGrantId: derived, PageToken: token, PageSize: size}))
+				if err != nil {
+					return nil, "", err
+				}
+				return resp.Msg.Grants, resp.Msg.NextPageToken, nil
+			})
 			if err != nil {
 				return err
 			}
-			return printList(g, cmd.OutOrStdout(), grants, "GRANT\tPARENT\tHOLDER\tSTATE\tSCOPES\tEXPIRES", func(gr *tetherv1.Grant) []string {
+			more := nextPageLine(g, cmd, "tether grant ls", next, "--holder", holder, "--subtree", subtree, "--derived-from", derived, "--limit", limitFlag(limit, recordsLimit))
+			if err := printList(g, cmd.OutOrStdout(), grants, "GRANT\tPARENT\tHOLDER\tSTATE\tSCOPES\tEXPIRES", func(gr *tetherv1.Grant) []string {
 				return []string{gr.GrantId, orDash(gr.ParentGrantId), gr.HolderNodeId, grantState(gr), strings.Join(gr.Scopes, ","), formatTimestamp(gr.ExpiresAt)}
-			})
+			}); err != nil || more == "" {
+				return err
+			}
+			_, err = fmt.Fprintln(cmd.OutOrStdout(), more)
+			return err
 		}),
 	}
 	f := cmd.Flags()
+	f.IntVar(&limit, "limit", recordsLimit, "print at most this many grants (1 to 10000)")
+	f.StringVar(&token, "page-token", "", "the next page's token, as the previous page printed it")
 	f.StringVar(&holder, "holder", "", "grants held by this node")
 	f.StringVar(&subtree, "subtree", "", "grants held anywhere in this node's subtree")
 	f.StringVar(&derived, "derived-from", "", "this grant and everything derived from it")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/csv"
 	"fmt"
 	"io"
@@ -354,21 +355,36 @@ func leaseShow(g *globals) *cobra.Command {
 }
 
 func leaseList(g *globals) *cobra.Command {
-	var holder string
+	var holder, token string
+	var limit int
 	cmd := &cobra.Command{
-		Use:   "list [--holder NODE]",
-		Short: "List leases, in job id order",
+		Use:   "list [--holder NODE] [--limit N] [--page-token T]",
+		Short: "List leases, in job id order, a page at a time",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if _, err := g.wantJSON(); err != nil {
 				return err // a bad -o is refused before any call
 			}
+			if err := checkLimit(limit); err != nil {
+				return err
+			}
+			// The server's page token is the last job id listed, the text
+			// of whoever offered the job: it is printed base64url-encoded,
+			// so that the next-page line an operator copies into a shell
+			// carries none of it ("x; tether agent terminate n_…").
+			after, err := base64.RawURLEncoding.DecodeString(token)
+			if err != nil {
+				return fmt.Errorf("--page-token %q: not a page token tether lease list printed", token)
+			}
 			c, err := g.clients()
 			if err != nil {
 				return err
 			}
-			all, err := allPages(func(token string) ([]*tetherv1.Lease, string, error) {
-				resp, err := c.Lease.ListLeases(cmd.Context(), connect.NewRequest(&tetherv1.ListLeasesRequest{HolderIdentity: holder, PageToken: token}))
+			// A page at a time, never every lease: whoever offers a job
+			// chooses its id, and so which leases come first, and ended
+			// ones are kept.
+			all, next, err := somePages(limit, recordsCalls, string(after), func(token string, size int32) ([]*tetherv1.Lease, string, error) {
+				resp, err := c.Lease.ListLeases(cmd.Context(), connect.NewRequest(&tetherv1.ListLeasesRequest{HolderIdentity: holder, PageToken: token, PageSize: size}))
 				if err != nil {
 					return nil, "", err
 				}
@@ -377,13 +393,20 @@ func leaseList(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printList(g, cmd.OutOrStdout(), all, "JOB\tGEN\tHOLDER\tSTATE\tEXPIRES\tRESULT", func(l *tetherv1.Lease) []string {
+			more := nextPageLine(g, cmd, "tether lease list", base64.RawURLEncoding.EncodeToString([]byte(next)), "--holder", holder, "--limit", limitFlag(limit, recordsLimit))
+			if err := printList(g, cmd.OutOrStdout(), all, "JOB\tGEN\tHOLDER\tSTATE\tEXPIRES\tRESULT", func(l *tetherv1.Lease) []string {
 				return []string{printableJob(l.JobId), fmt.Sprint(l.LeaseGeneration), l.HolderIdentity,
 					strings.TrimPrefix(l.State.String(), "LEASE_STATE_"), ts(l.ExpiresAt), strings.TrimPrefix(l.TerminalResult.String(), "TERMINAL_RESULT_")}
-			})
+			}); err != nil || more == "" {
+				return err
+			}
+			_, err = fmt.Fprintln(cmd.OutOrStdout(), more)
+			return err
 		},
 	}
 	cmd.Flags().StringVar(&holder, "holder", "", "only leases held by this agent")
+	cmd.Flags().IntVar(&limit, "limit", recordsLimit, "print at most this many leases (1 to 10000)")
+	cmd.Flags().StringVar(&token, "page-token", "", "the next page's token, as the previous page printed it")
 	return cmd
 }
 

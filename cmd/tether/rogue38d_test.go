@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -212,11 +213,19 @@ func TestRogue38DProposalListIsReadAPageAtATime(t *testing.T) {
 // many times each id was.
 func pageThrough(t *testing.T, srv *testserver.Server, noun string, want int) map[string]int {
 	t.Helper()
+	return pageThroughArgs(t, srv, []string{noun, "ls"}, want)
+}
+
+// pageThroughArgs is pageThrough of the listing command list (its noun
+// and verb: "lease", "list").
+func pageThroughArgs(t *testing.T, srv *testserver.Server, list []string, want int) map[string]int {
+	t.Helper()
 	seen := map[string]int{}
-	args := []string{noun, "ls", "--limit", "2"}
+	noun := list[0]
+	args := append(slices.Clone(list), "--limit", "2")
 	for pages := 0; ; pages++ {
 		if pages > want {
-			t.Fatalf("tether %s ls --limit 2 pages on past %d %ss: %v", noun, want, noun, seen)
+			t.Fatalf("tether %s --limit 2 pages on past %d %ss: %v", noun, want, noun, seen)
 		}
 		out := mustCLI(t, srv.URL, srv.Admin, args...)
 		lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
@@ -236,7 +245,7 @@ func pageThrough(t *testing.T, srv *testserver.Server, noun string, want int) ma
 		args = strings.Fields(strings.TrimPrefix(more, "… more: tether "))
 	}
 	if len(seen) != want {
-		t.Fatalf("the pages of tether %s ls --limit 2 listed %d %ss, want %d: %v", noun, len(seen), noun, want, seen)
+		t.Fatalf("the pages of tether %s --limit 2 listed %d %ss, want %d: %v", strings.Join(list, " "), len(seen), noun, want, seen)
 	}
 	return seen
 }

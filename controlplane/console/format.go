@@ -61,8 +61,10 @@ func templateFuncs() template.FuncMap {
 		"ts":            ts,
 		"dur":           dur,
 		"labels":        labels,
-		"treeBudget":    func() int { return treeBudget },
-		"join":          strings.Join,
+		// more is a record list's rows left out, for "more-rows".
+		"more":       func(n int, what, record string) moreRows { return moreRows{n, what, record} },
+		"treeBudget": func() int { return treeBudget },
+		"join":       strings.Join,
 		// seg is an agent's id as one path segment of a link: a job id is
 		// the agent's text and may hold "/", "..", "?" or "#", which
 		// html/template leaves as they are in a URL's path.
@@ -181,4 +183,12 @@ func leaseEndedBy(l *tetherv1.RecordLease) string {
 		return "the lease's own deadline"
 	}
 	return "—"
+}
+
+// moreRows is what the "more-rows" template says of a record page's list:
+// N rows of What not drawn, listed whole in Record's JSON.
+type moreRows struct {
+	N      int
+	What   string
+	Record string
 }

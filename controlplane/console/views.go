@@ -615,12 +615,39 @@ func (c *Console) records(w http.ResponseWriter, r *http.Request, s *session) {
 	c.render(w, r, s, http.StatusOK, "records", "Reconciliation records", d)
 }
 
+// RecordRows is how many rows each list of a record page draws (a
+// variable for tests). A record lists every node of the stopped subtree,
+// and a rogue may grow its own to a hundred thousand, none confirming its
+// exit: the page drew a row for each, in its Agents table and again in
+// Needs attention, megabytes for the operator who came to read their own
+// stop's outcome. The rest are counted, and listed whole in the JSON and
+// by `tether record show`.
+var RecordRows = 500
+
 type recordData struct {
 	recordSummary
 	UnaccountedNodes []*tetherv1.RecordNode
 	UnresolvedCalls  []*tetherv1.RecordToolCall
 	FailedPrivileges []*tetherv1.RecordPrivilege
 	UnresolvedLeases []*tetherv1.RecordLease
+	// What the page draws of the record's lists, RecordRows of each, and
+	// how many of each it leaves out (More*).
+	Nodes      []*tetherv1.RecordNode
+	ToolCalls  []*tetherv1.RecordToolCall
+	Privileges []*tetherv1.RecordPrivilege
+	Leases     []*tetherv1.RecordLease
+	// Refused: the nodes with refused calls counted and not listed.
+	Refused                                                                []*tetherv1.RecordNode
+	MoreUnaccounted, MoreUnresolvedCalls, MoreFailed, MoreUnresolvedLeases int
+	MoreNodes, MoreToolCalls, MorePrivileges, MoreLeases, MoreRefused      int
+}
+
+// firstRows is s cut to RecordRows, and how many it left out.
+func firstRows[T any](s []T) ([]T, int) {
+	if len(s) <= RecordRows {
+		return s, 0
+	}
+	return s[:RecordRows], len(s) - RecordRows
 }
 
 func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
@@ -654,6 +681,22 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 			d.UnresolvedLeases = append(d.UnresolvedLeases, l)
 		}
 	}
+	for _, n := range rec.Nodes {
+		if n.RefusedCallsNotListed > 0 {
+			d.Refused = append(d.Refused, n)
+		}
+	}
+	// The counts above are of the whole record; the page draws a page of
+	// each list.
+	d.UnaccountedNodes, d.MoreUnaccounted = firstRows(d.UnaccountedNodes)
+	d.UnresolvedCalls, d.MoreUnresolvedCalls = firstRows(d.UnresolvedCalls)
+	d.FailedPrivileges, d.MoreFailed = firstRows(d.FailedPrivileges)
+	d.UnresolvedLeases, d.MoreUnresolvedLeases = firstRows(d.UnresolvedLeases)
+	d.Nodes, d.MoreNodes = firstRows(rec.Nodes)
+	d.ToolCalls, d.MoreToolCalls = firstRows(rec.ToolCalls)
+	d.Privileges, d.MorePrivileges = firstRows(rec.Privileges)
+	d.Leases, d.MoreLeases = firstRows(rec.Leases)
+	d.Refused, d.MoreRefused = firstRows(d.Refused)
 	c.render(w, r, s, http.StatusOK, "record", "Record "+id, d)
 }
 

@@ -21,14 +21,17 @@ function setupTree() {
   });
 }
 
-// nodeID is a whole node id: n_ and 20 characters of the ids' alphabet.
-const nodeID = /^n_[0-9abcdefghjkmnpqrstvwxyz]{20}$/;
+// nodeIDStart is the start of a node id, or all of one: n_ and up to 20
+// characters of the ids' alphabet.
+const nodeIDStart = /^n_[0-9abcdefghjkmnpqrstvwxyz]{0,20}$/;
 
 // filterTree shows the nodes matching q and their ancestors, opening the
-// path to each match; an empty q shows everything again. A q shaped like a
-// node id matches that node's id alone: an agent chooses its children's
-// names and labels, and a rogue's child named worker-2 and labelled with
-// worker-2's id was found by that id as worker-2 was.
+// path to each match; an empty q shows everything again. A q shaped like
+// the start of a node id (or a whole one) matches the ids that begin with
+// it alone: an agent chooses its children's names and labels, and a
+// rogue's child named worker-2 and labelled with worker-2's id was found
+// by that id as worker-2 was, and by its start as its child named after
+// that start was.
 function filterTree(tree, q) {
   const items = tree.querySelectorAll("li.n");
   if (!q) {
@@ -38,7 +41,7 @@ function filterTree(tree, q) {
   items.forEach((li) => { li.hidden = true; li.classList.remove("hit"); });
   items.forEach((li) => {
     const text = (li.dataset.name + " " + li.dataset.id + " " + li.dataset.labels).toLowerCase();
-    if (nodeID.test(q) ? li.dataset.id !== q : !text.includes(q)) return;
+    if (nodeIDStart.test(q) ? !li.dataset.id.startsWith(q) : !text.includes(q)) return;
     li.classList.add("hit");
     for (let p = li; p && p !== tree; p = p.parentElement) {
       if (p.tagName === "LI") p.hidden = false;
