@@ -31,7 +31,9 @@ import (
 // process of its own (this binary again, worksOn), answering nothing: the
 // call stays in flight. The worker's pid is written to the file pid in
 // dir. At its input's end the upstream exits at once, as an honest one
-// does, leaving its worker behind.
+// does, leaving its worker behind; with MCPGATE_ROGUE39E_CRASHES set it
+// exits as soon as the worker has started, a crash as far as the gateway
+// can tell.
 func forksItsWork(dir string) {
 	in := bufio.NewReader(os.Stdin)
 	answerHandshake(in, "forks", "put")
@@ -47,12 +49,15 @@ func forksItsWork(dir string) {
 			continue
 		}
 		worker := exec.Command(os.Args[0])
-		worker.Env = append(os.Environ(), "MCPGATE_ROGUE39E_FORKS=", "MCPGATE_ROGUE39E_WORKS="+dir)
+		worker.Env = append(os.Environ(), "MCPGATE_ROGUE39E_FORKS=", "MCPGATE_ROGUE39E_CRASHES=", "MCPGATE_ROGUE39E_WORKS="+dir)
 		if worker.Start() != nil {
 			os.Exit(1)
 		}
 		_ = os.WriteFile(filepath.Join(dir, "pid.tmp"), []byte(strconv.Itoa(worker.Process.Pid)), 0o600)
 		_ = os.Rename(filepath.Join(dir, "pid.tmp"), filepath.Join(dir, "pid"))
+		if os.Getenv("MCPGATE_ROGUE39E_CRASHES") != "" {
+			os.Exit(2)
+		}
 	}
 }
 
@@ -146,4 +151,40 @@ func TestRogue39EStdioUpstreamsWorkerDoesNotOutliveTheRecordedCall(t *testing.T)
 		t.Fatalf("the call abandoned at the gateway's close is still open in the ledger once Close returned (%d open)", got)
 	}
 	testserver.WaitFor(t, guardWait, "the upstream's worker to be gone", func() bool { return !alive(pid) })
+}
+
+// The same when the upstream's process ends mid-call: a rogue stdio
+// upstream that handed a call to a worker process and exited (a crash,
+// to the gateway) had the call fail (CodeUnavailable) and recorded
+// ended, and the gateway start it again, while the worker went on with
+// the call's work. What is left of the upstream's process group is now
+// killed as its connection closes, before the gateway starts it again.
+// (Fails, before that, because the worker is still there.)
+func TestRogue39EStdioUpstreamsWorkerDoesNotOutliveItsCrash(t *testing.T) {
+	w := newWorld(t, "mcp:*")
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	gw := gatewayOnClockWith(t, w, clock.NewManual(w.clk.Now()), nil, func(c *mcpgate.Config) {
+		c.Upstreams = []mcpgate.Upstream{{Name: "forks", Command: []string{exe}, Env: map[string]string{"MCPGATE_ROGUE39E_FORKS": dir, "MCPGATE_ROGUE39E_CRASHES": "1"}}}
+	})
+	endpoint := serveGateway(t, gw)
+
+	cs := connectAgent(t, endpoint, w.grant.Token, nil)
+	_, err = cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "put", Arguments: map[string]any{}})
+	if rpcCode(err) != mcpgate.CodeUnavailable {
+		t.Fatalf("the call whose upstream exited mid-call: %v; want CodeUnavailable", err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "pid"))
+	if err != nil {
+		t.Fatalf("the upstream started no worker: %v", err)
+	}
+	pid, _ := strconv.Atoi(string(b))
+	if pid <= 0 {
+		t.Fatalf("the worker's pid file holds %q", b)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) }) // should the test fail
+	testserver.WaitFor(t, guardWait, "the crashed upstream's worker to be gone", func() bool { return !alive(pid) })
 }
