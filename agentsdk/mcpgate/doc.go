@@ -125,7 +125,12 @@
 // SDK's 5 s to exit, 5 s more after SIGTERM, then SIGKILL, every
 // upstream's at the same time; the reports owed are sent meanwhile, and
 // the calls abandoned recorded once their upstreams are gone (a stdio
-// upstream's process may go on with a call until then).
+// upstream's process may go on with a call until then). On Unix a stdio
+// upstream runs as the leader of a process group of its own, and what is
+// left of the group once the upstream's process has gone (on any end of
+// its connection) is killed, before those calls are recorded: a process
+// the upstream started for a call does not outlive it (one that left the
+// group, by setsid, does).
 //
 // # Sessions
 //

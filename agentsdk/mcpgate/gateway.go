@@ -415,7 +415,11 @@ func (g *Gateway) transport(u Upstream) mcp.Transport {
 		cmd.Env = append(cmd.Env, k+"="+u.Env[k])
 	}
 	cmd.Stderr = g.cfg.Stderr
-	return stdioTransport{Transport: &mcp.CommandTransport{Command: cmd}, bound: g.answerBound(u.Name), exits: &g.exits}
+	// A group of its own, killed once its connection has closed: what the
+	// upstream's process started (a call's worker) went on after it, when
+	// the gateway had recorded the call ended with the upstream gone.
+	ownGroup(cmd)
+	return stdioTransport{Transport: &mcp.CommandTransport{Command: cmd}, cmd: cmd, bound: g.answerBound(u.Name), exits: &g.exits}
 }
 
 // answerBound bounds the gateway's writes of its answers to an upstream's

@@ -23,8 +23,16 @@ import (
 )
 
 // TestMain lets this test binary be the rogue stdio upstreams below and
-// in rogue21exits and rogue38e.
+// in rogue21exits, rogue38e and rogue39e.
 func TestMain(m *testing.M) {
+	if dir := os.Getenv("MCPGATE_ROGUE39E_WORKS"); dir != "" {
+		worksOn()
+		return
+	}
+	if dir := os.Getenv("MCPGATE_ROGUE39E_FORKS"); dir != "" {
+		forksItsWork(dir)
+		return
+	}
 	if marker := os.Getenv("MCPGATE_ROGUE20_STOPS_READING"); marker != "" {
 		stopsReading(marker)
 		return

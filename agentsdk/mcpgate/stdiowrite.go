@@ -2,6 +2,7 @@ package mcpgate
 
 import (
 	"context"
+	"os/exec"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 // for the upstream's process in the background, in exits.
 type stdioTransport struct {
 	mcp.Transport
+	cmd   *exec.Cmd // the upstream's process, a group's leader (ownGroup)
 	bound answerBound
 	exits *exits
 }
@@ -24,7 +26,7 @@ func (t stdioTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	if err != nil {
 		return nil, err
 	}
-	return abandonableWrites{Connection: c, bound: t.bound, exits: t.exits}, nil
+	return abandonableWrites{Connection: c, cmd: t.cmd, bound: t.bound, exits: t.exits}, nil
 }
 
 // abandonedWriteGrace is how long a write whose context ended may still
@@ -56,9 +58,14 @@ const abandonedWriteGrace = time.Second
 // The SDK closes the connection from within whichever of its calls ends
 // last: a call the gateway abandoned as it closed waited there for the
 // process of a rogue upstream that lingered, and the gateway's report of
-// its end (and the reports after it) with it.
+// its end (and the reports after it) with it. Once the process is gone,
+// what is left of its process group is killed (endGroup), before the
+// closing is done: a process it started, which may be doing a call's
+// work, went on after the upstream had exited at its input's end, when
+// the gateway had recorded the calls abandoned ended.
 type abandonableWrites struct {
 	mcp.Connection
+	cmd   *exec.Cmd
 	bound answerBound
 	exits *exits
 }
@@ -68,6 +75,9 @@ func (c abandonableWrites) Close() error {
 	go func() {
 		defer done()
 		_ = c.Connection.Close()
+		if c.cmd != nil {
+			endGroup(c.cmd)
+		}
 	}()
 	return nil
 }
