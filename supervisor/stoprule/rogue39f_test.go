@@ -1,0 +1,103 @@
+package stoprule
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/tetherhq/tether/supervisor/tree"
+)
+
+// The thirty-ninth hostile pass, stop rules: the rogue under a rule on its
+// subtree's peak of calls in flight bursts in the gap between the moment
+// the evaluator learns that a count is to start and the snapshot the
+// count starts from.
+
+// TestRogue39FABurstBeforeTheCountsSnapshotIsSeen: the evaluator learns
+// that a node's count of its subtree's calls in flight is to start (a new
+// leader's scan finds a rule reading the peak, or the evaluator reads a
+// rule attached meanwhile), and starts it only later, from a snapshot of
+// the node's records (startPeaks, after it has taken what its watches
+// hold, up to 256 counts a round of its loop), skipping every change its
+// watch handed it before that snapshot. A rogue that began a burst of six
+// calls across its children and ended it in that gap — right after a
+// leader change, or right after its operator attached the rule — was
+// counted from the level after it, 0, and the rule never fired. Now the
+// evaluator keeps the changes of a count it is to start, from the
+// revision it learnt of it, and the count starts from its snapshot at
+// the highest level those changes reached (each record's value before
+// its first change taken as none: never above the true level, so an
+// honest tree's workers peaking one after another still read their
+// peak, not their sum).
+func TestRogue39FABurstBeforeTheCountsSnapshotIsSeen(t *testing.T) {
+	rogue39fBurstBeforeSnapshot(t, newRogue31cRig(t))
+}
+
+// TestRogue39FABurstBeforeTheCountsSnapshotIsSeenOnEtcd is the same on
+// etcd.
+func TestRogue39FABurstBeforeTheCountsSnapshotIsSeenOnEtcd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
+	}
+	rogue39fBurstBeforeSnapshot(t, newRogue35kEtcdRig(t))
+}
+
+func rogue39fBurstBeforeSnapshot(t *testing.T, g *rogue31cRig) {
+	w := newRogue38fWorld(t, g)
+	ctx := context.Background()
+	r := g.rules
+	// An honest worker has a call open as the leader changes, which it
+	// ends in the gap before its workers' work (its tree's level never
+	// above three).
+	held := g.openCall(w.workers[0])
+	// A new leader: its scan finds the rules, its counts are to start.
+	ix, wt, cancel := w.pass(t, r)
+	defer func() { cancel() }()
+	if len(ix.peakStart) == 0 {
+		t.Fatal("the new leader marked no count to start")
+	}
+	// The gap: the rogue's burst, the honest tree's work, taken from the
+	// watch before the counts' snapshot.
+	w.burst(w.kids[0], w.kids[0], w.rogue, w.kids[1], w.kids[1], w.kids[2])
+	g.endCall(held)
+	w.honestWork()
+	rogue37fSettle(t, g, ix, wt, 1)
+	r.startPeaks(ctx, ix)
+	for _, n := range []*tree.Node{w.rogue, w.planner} {
+		if !w.fires(t, r, ix, n, w.six) {
+			t.Errorf("a burst of six right after a leader change, before the count's snapshot, was not seen at %s", n.Name)
+		}
+		if w.fires(t, r, ix, n, w.seven) {
+			t.Errorf("a burst of six read above six at %s", n.Name)
+		}
+	}
+	if w.fires(t, r, ix, w.honest, w.hon) {
+		t.Error("the honest tree's workers, one call then three each one after the other, read above three")
+	}
+
+	// A rule attached to a tree no count covered: the evaluator reads it,
+	// and the rogue bursts before the count's snapshot.
+	late := g.spawn(nil, "late")
+	var lateKids []*tree.Node
+	for i := range 2 {
+		lateKids = append(lateKids, g.spawn(late, fmt.Sprintf("late%d", i)))
+	}
+	// The evaluator reads the spawns (its nodes' watch).
+	for _, n := range append([]*tree.Node{late}, lateKids...) {
+		ix.putNode(n)
+	}
+	rule, _, err := r.Add(ctx, Actor{ID: "operator:alice"}, &Rule{NodeID: late.NodeID, Name: "four", Expression: `observed.subtree_calls_in_flight_max >= 4`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rogue37fSettle(t, g, ix, wt, 2)
+	if ix.byID[rule.RuleID] == nil || ix.peakStart[late.NodeID] == nil {
+		t.Fatal("the evaluator did not take the rule, or marked no count to start")
+	}
+	w.burst(lateKids[0], lateKids[0], lateKids[1], lateKids[1])
+	rogue37fSettle(t, g, ix, wt, 3)
+	r.startPeaks(ctx, ix)
+	if !w.fires(t, r, ix, late, rule) {
+		t.Error("a burst of four after the rule was read, before the count's snapshot, was not seen")
+	}
+}
