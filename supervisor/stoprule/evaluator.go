@@ -86,6 +86,13 @@ type index struct {
 	// rules' records (its scan's, then its rules' watch's): a count to
 	// start keeps the changes after it (pendingPeak).
 	rulesRev uint64
+	// unseen holds, while a rule reading the peak is stored, the changes
+	// of the count records of nodes the evaluator does not know, committed
+	// after nodesRev: the node's spawn may be still to come on the nodes'
+	// watch (two watches, read in either order), and its count starts from
+	// them (putNode). Once the nodes are read past a node's first change,
+	// its spawn was read, and it is not judged: they go (pruneUnseen).
+	unseen map[string][]peakChange
 	// peakSaveWait is set when a write of the peaks failed: the next is
 	// tried at the next tick (or as the pass ends), not every round.
 	peakSaveWait bool
@@ -367,7 +374,7 @@ func (r *Rules) load(ctx context.Context) (*index, error) {
 	ix := &index{byNode: map[string][]*activeRule{}, selectors: map[string]*activeRule{}, byID: map[string]*activeRule{},
 		nodes: map[string]nodeInfo{}, children: map[string]map[string]bool{}, dirty: newFairQueue(), retry: map[string]bool{}, open: map[string]bool{},
 		judgedBelow: map[string]int{}, peaks: map[string]*subtreePeak{}, timedAt: map[string]int{}, subAt: map[string]int{},
-		peakAt: map[string]int{}, peakStart: map[string]*pendingPeak{}, peakRisen: map[string]bool{}}
+		peakAt: map[string]int{}, peakStart: map[string]*pendingPeak{}, unseen: map[string][]peakChange{}, peakRisen: map[string]bool{}}
 	var rules []*Rule
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
@@ -442,8 +449,15 @@ func (ix *index) putNode(n *tree.Node) {
 	}
 	if _, known := ix.nodes[n.NodeID]; !known {
 		defer func() {
+			changes := ix.unseen[n.NodeID]
+			delete(ix.unseen, n.NodeID)
 			if ix.peaks[n.NodeID] == nil && ix.readsPeak(n.NodeID) {
-				ix.toStart(n.NodeID)
+				// A node spawned: its records hold nothing before its
+				// spawn, so every change of them since, those taken
+				// before the spawn included, makes its count exact.
+				if q := ix.peakStart[n.NodeID]; q == nil {
+					ix.peakStart[n.NodeID] = &pendingPeak{changes: changes}
+				}
 			}
 		}()
 		ix.judgedBelow[n.NodeID]++
@@ -755,6 +769,12 @@ func (r *Rules) take(ix *index, w store.Watcher, batch []store.Event, ok bool) e
 }
 
 func (r *Rules) applyEvents(ix *index, batch []store.Event) {
+	passed := false // the nodes read past a revision more
+	defer func() {
+		if passed && len(ix.unseen) > 0 {
+			ix.pruneUnseen()
+		}
+	}()
 	for _, ev := range batch {
 		if !isUnder(ev.Key, tree.NodePrefix) {
 			ix.rulesRev = max(ix.rulesRev, ev.Revision)
@@ -777,10 +797,8 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 				if p.now() > p.saved {
 					ix.peakRisen[id] = true
 				}
-			} else if q := ix.peakStart[id]; q != nil {
-				if own, ok := ownOf(ev); ok {
-					q.add(ev.Revision, ownRecord, own)
-				}
+			} else if own, ok := ownOf(ev); ok {
+				ix.keepChange(id, ev.Revision, ownRecord, own)
 			}
 		case isUnder(ev.Key, prefixGrow):
 			ix.markNode(keyNode(ev.Key, prefixGrow))
@@ -796,17 +814,17 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 				if p.now() > p.saved {
 					ix.peakRisen[id] = true
 				}
-			} else if q := ix.peakStart[id]; q != nil {
-				if open, ok := openOf(ev); ok {
-					q.add(ev.Revision, shard, open)
-				}
+			} else if open, ok := openOf(ev); ok {
+				ix.keepChange(id, ev.Revision, shard, open)
 			}
 		case isUnder(ev.Key, prefixSubSelf):
 			ix.markForSubtree(keyNode(ev.Key, prefixSubSelf))
 		case isUnder(ev.Key, prefixSelf):
 			ix.markNode(tail(ev.Key, prefixSelf))
 		case isUnder(ev.Key, tree.NodePrefix):
-			ix.nodesRev = max(ix.nodesRev, ev.Revision)
+			if ev.Revision > ix.nodesRev {
+				ix.nodesRev, passed = ev.Revision, true
+			}
 			if ev.Type == store.EventDelete {
 				ix.dropNode(tail(ev.Key, tree.NodePrefix))
 				continue
@@ -815,6 +833,33 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 			if tree.UnmarshalNode(ev.Value, n) == nil {
 				ix.putNode(n)
 			}
+		}
+	}
+}
+
+// keepChange keeps a change of node id's count records, the node's count
+// not started: for a count marked to start (peakStart), or a node not
+// known yet whose spawn may be still to come (unseen).
+func (ix *index) keepChange(id string, rev uint64, record string, value int64) {
+	if q := ix.peakStart[id]; q != nil {
+		q.add(rev, record, value)
+		return
+	}
+	if _, known := ix.nodes[id]; known || rev <= ix.nodesRev || (len(ix.peakAt) == 0 && ix.peakSel == 0) {
+		return
+	}
+	q := pendingPeak{changes: ix.unseen[id]}
+	q.add(rev, record, value)
+	ix.unseen[id] = q.changes
+}
+
+// pruneUnseen lets go the changes of nodes not known whose first change
+// the nodes' watch has passed: their spawn (before it) was read, and they
+// are not judged.
+func (ix *index) pruneUnseen() {
+	for id, changes := range ix.unseen {
+		if len(changes) == 0 || changes[0].rev <= ix.nodesRev {
+			delete(ix.unseen, id)
 		}
 	}
 }

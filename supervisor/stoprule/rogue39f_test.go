@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
 
@@ -99,5 +101,97 @@ func rogue39fBurstBeforeSnapshot(t *testing.T, g *rogue31cRig) {
 	r.startPeaks(ctx, ix)
 	if !w.fires(t, r, ix, late, rule) {
 		t.Error("a burst of four after the rule was read, before the count's snapshot, was not seen")
+	}
+}
+
+// TestRogue39FABurstOfAFreshNodeBeforeItsSpawnIsReadIsSeen: an operator's
+// selector rule holds every node labelled role=rogue to fewer than four
+// calls in flight over its subtree. The evaluator's two watches (the stop
+// rules' records, the nodes) are read in either order: a fresh rogue,
+// spawned under the label, had its children begin four calls and end them
+// while the evaluator had read the records' changes and not yet the
+// spawn. Those changes were of a node it did not know, and dropped; the
+// count started at the spawn's reading from the level after the burst, 0
+// (no ancestor of the rogue is under the rule to count it instead). Now
+// the evaluator keeps the changes of nodes it does not know yet, while
+// its nodes' watch has not passed them (the node's spawn may be still to
+// come), and a count started at a spawn starts from them: the burst is
+// seen.
+func TestRogue39FABurstOfAFreshNodeBeforeItsSpawnIsReadIsSeen(t *testing.T) {
+	rogue39fFreshNode(t, newRogue31cRig(t))
+}
+
+// TestRogue39FABurstOfAFreshNodeBeforeItsSpawnIsReadIsSeenOnEtcd is the
+// same on etcd.
+func TestRogue39FABurstOfAFreshNodeBeforeItsSpawnIsReadIsSeenOnEtcd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
+	}
+	rogue39fFreshNode(t, newRogue35kEtcdRig(t))
+}
+
+func rogue39fFreshNode(t *testing.T, g *rogue31cRig) {
+	ctx := context.Background()
+	r := g.rules
+	w := &rogue38fWorld{g: g}
+	r.Fault = func(point string) error {
+		if point == "before-file" {
+			return errRogue38FFired
+		}
+		return nil
+	}
+	planner := g.spawn(nil, "planner")
+	rule, _, err := r.Add(ctx, Actor{ID: "operator:alice"}, &Rule{Selector: map[string]string{"role": "rogue"}, Name: "four", Expression: `observed.subtree_calls_in_flight_max >= 4`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix, wt, cancel := w.pass(t, r)
+	defer cancel()
+	spawn := func(parent *tree.Node, name string, labels map[string]string) *tree.Node {
+		t.Helper()
+		n, err := g.agents.Spawn(ctx, parent.NodeID, name, labels, "test", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	rogue := spawn(planner, "rogue", map[string]string{"role": "rogue"})
+	kids := []*tree.Node{spawn(rogue, "kid0", nil), spawn(rogue, "kid1", nil)}
+	// An honest worker under the label beside it: one call then three,
+	// one after the other.
+	honest := spawn(planner, "honest", map[string]string{"role": "rogue"})
+	g.endCall(g.openCall(honest))
+	for range 3 {
+		c := []*ledger.ToolCall{g.openCall(honest), g.openCall(honest), g.openCall(honest)}
+		for _, x := range c {
+			g.endCall(x)
+		}
+	}
+	w.burst(kids[0], kids[0], kids[1], kids[1])
+	// The records' watch first, then the nodes' (the spawns).
+	rogue37fSettle(t, g, ix, wt, 1)
+	for _, n := range append([]*tree.Node{rogue, honest}, kids...) {
+		ix.putNode(n)
+	}
+	r.startPeaks(ctx, ix)
+	if !w.fires(t, r, ix, rogue, rule) {
+		t.Error("a fresh rogue's burst of four, its changes read before its spawn, was not seen")
+	}
+	if w.fires(t, r, ix, honest, rule) {
+		t.Error("an honest node's calls, three at a time, read above three")
+	}
+	if len(ix.unseen) != 0 {
+		t.Errorf("the evaluator still keeps the changes of %d nodes it knows or has passed", len(ix.unseen))
+	}
+	// A node it does not know whose spawn the nodes' watch then passes
+	// (terminated, not judged): its changes are let go.
+	rev := max(ix.rulesRev, ix.nodesRev) + 1
+	ix.keepChange("ghost", rev, ownRecord, 1)
+	if len(ix.unseen) != 1 {
+		t.Fatalf("the change of a node not known yet was not kept (%d kept)", len(ix.unseen))
+	}
+	r.applyEvents(ix, []store.Event{{Type: store.EventDelete, Key: []byte(tree.NodePrefix + "ghost"), Revision: rev}})
+	if len(ix.unseen) != 0 {
+		t.Error("the changes of a node whose spawn the nodes' watch has passed are still kept")
 	}
 }
