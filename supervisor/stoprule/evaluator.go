@@ -92,7 +92,7 @@ type index struct {
 	// watch (two watches, read in either order), and its count starts from
 	// them (putNode). Once the nodes are read past a node's first change,
 	// its spawn was read, and it is not judged: they go (pruneUnseen).
-	unseen map[string][]peakChange
+	unseen map[string]*pendingPeak
 	// peakSaveWait is set when a write of the peaks failed: the next is
 	// tried at the next tick (or as the pass ends), not every round.
 	peakSaveWait bool
@@ -374,7 +374,7 @@ func (r *Rules) load(ctx context.Context) (*index, error) {
 	ix := &index{byNode: map[string][]*activeRule{}, selectors: map[string]*activeRule{}, byID: map[string]*activeRule{},
 		nodes: map[string]nodeInfo{}, children: map[string]map[string]bool{}, dirty: newFairQueue(), retry: map[string]bool{}, open: map[string]bool{},
 		judgedBelow: map[string]int{}, peaks: map[string]*subtreePeak{}, timedAt: map[string]int{}, subAt: map[string]int{},
-		peakAt: map[string]int{}, peakStart: map[string]*pendingPeak{}, unseen: map[string][]peakChange{}, peakRisen: map[string]bool{}}
+		peakAt: map[string]int{}, peakStart: map[string]*pendingPeak{}, unseen: map[string]*pendingPeak{}, peakRisen: map[string]bool{}}
 	var rules []*Rule
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
@@ -449,14 +449,17 @@ func (ix *index) putNode(n *tree.Node) {
 	}
 	if _, known := ix.nodes[n.NodeID]; !known {
 		defer func() {
-			changes := ix.unseen[n.NodeID]
+			kept := ix.unseen[n.NodeID]
 			delete(ix.unseen, n.NodeID)
 			if ix.peaks[n.NodeID] == nil && ix.readsPeak(n.NodeID) {
 				// A node spawned: its records hold nothing before its
 				// spawn, so every change of them since, those taken
 				// before the spawn included, makes its count exact.
-				if q := ix.peakStart[n.NodeID]; q == nil {
-					ix.peakStart[n.NodeID] = &pendingPeak{changes: changes}
+				if kept == nil {
+					kept = &pendingPeak{}
+				}
+				if ix.peakStart[n.NodeID] == nil {
+					ix.peakStart[n.NodeID] = kept
 				}
 			}
 		}()
@@ -848,17 +851,20 @@ func (ix *index) keepChange(id string, rev uint64, record string, value int64) {
 	if _, known := ix.nodes[id]; known || rev <= ix.nodesRev || (len(ix.peakAt) == 0 && ix.peakSel == 0) {
 		return
 	}
-	q := pendingPeak{changes: ix.unseen[id]}
+	q := ix.unseen[id]
+	if q == nil {
+		q = &pendingPeak{}
+		ix.unseen[id] = q
+	}
 	q.add(rev, record, value)
-	ix.unseen[id] = q.changes
 }
 
 // pruneUnseen lets go the changes of nodes not known whose first change
 // the nodes' watch has passed: their spawn (before it) was read, and they
 // are not judged.
 func (ix *index) pruneUnseen() {
-	for id, changes := range ix.unseen {
-		if len(changes) == 0 || changes[0].rev <= ix.nodesRev {
+	for id, q := range ix.unseen {
+		if q.first <= ix.nodesRev {
 			delete(ix.unseen, id)
 		}
 	}

@@ -270,7 +270,16 @@ func openOf(ev store.Event) (int64, bool) {
 // level after it.
 type pendingPeak struct {
 	from    uint64
+	first   uint64 // the revision of the first change kept
 	changes []peakChange
+	// The changes let go past maxPendingChanges, folded: the highest
+	// level between revisions they reached (the records they did not
+	// change read as none), each record's last value, and the revision of
+	// the last. Else a rogue whose count was still to start churned calls
+	// after its burst until the burst's changes were let go.
+	floor   int64
+	known   map[string]int64
+	foldRev uint64
 }
 
 // peakChange is one change of a record a count adds up: its new value
@@ -282,8 +291,7 @@ type peakChange struct {
 }
 
 // maxPendingChanges bounds the changes a pending count keeps: past it
-// the older half goes (the values before the first change kept are then
-// read as none, still never above the true level).
+// the older half is folded (pendingPeak.fold).
 const maxPendingChanges = 4096
 
 // add keeps a change committed after from.
@@ -291,10 +299,43 @@ func (q *pendingPeak) add(rev uint64, record string, value int64) {
 	if rev <= q.from {
 		return
 	}
-	if len(q.changes) == maxPendingChanges {
-		q.changes = append(q.changes[:0], q.changes[maxPendingChanges/2:]...)
+	if len(q.changes) >= maxPendingChanges {
+		q.fold()
+	}
+	if q.first == 0 {
+		q.first = rev
 	}
 	q.changes = append(q.changes, peakChange{rev: rev, record: record, value: value})
+}
+
+// fold folds the older half of q's changes (to a revision's end, when
+// one ends after it) into floor, known and foldRev. A level within a
+// revision is no candidate: when the changes folded end within one, the
+// level they leave is taken only once a change of a later revision
+// follows (replay).
+func (q *pendingPeak) fold() {
+	cut := len(q.changes) / 2
+	for cut < len(q.changes) && q.changes[cut].rev == q.changes[cut-1].rev {
+		cut++
+	}
+	if q.known == nil {
+		q.known = map[string]int64{}
+	}
+	var level int64
+	for _, v := range q.known {
+		level += v
+	}
+	rev := q.foldRev
+	for _, c := range q.changes[:cut] {
+		if c.rev != rev {
+			q.floor = max(q.floor, level)
+			rev = c.rev
+		}
+		level += c.value - q.known[c.record]
+		q.known[c.record] = c.value
+	}
+	q.foldRev = rev
+	q.changes = append(q.changes[:0], q.changes[cut:]...)
 }
 
 // replay raises p, started from a snapshot at p.base, to the highest level
@@ -307,16 +348,22 @@ func (q *pendingPeak) add(rev uint64, record string, value int64) {
 // burst begun and ended in the gap is read at its height (the records it
 // raised from none, the calls it began).
 func (p *subtreePeak) replay(q *pendingPeak) {
-	if q == nil || len(q.changes) == 0 {
+	if q == nil || (len(q.changes) == 0 && q.known == nil) {
 		return
 	}
 	changed := map[string]bool{}
+	values := map[string]int64{}
+	var level int64
+	for r, v := range q.known {
+		changed[r] = true
+		values[r] = v
+		level += v
+	}
 	for _, c := range q.changes {
 		if c.rev <= p.base {
 			changed[c.record] = true
 		}
 	}
-	var level int64
 	if !changed[ownRecord] {
 		level += p.own
 	}
@@ -325,8 +372,7 @@ func (p *subtreePeak) replay(q *pendingPeak) {
 			level += int64(n)
 		}
 	}
-	values := map[string]int64{}
-	peak, rev := level, uint64(0)
+	peak, rev := q.floor, q.foldRev
 	for _, c := range q.changes {
 		if c.rev > p.base {
 			if p.step(c.rev) {

@@ -195,3 +195,52 @@ func rogue39fFreshNode(t *testing.T, g *rogue31cRig) {
 		t.Error("the changes of a node whose spawn the nodes' watch has passed are still kept")
 	}
 }
+
+// TestRogue39FABurstPushedOutOfTheKeptChangesIsStillSeen: the changes a
+// count to start keeps are bounded (maxPendingChanges), the older half
+// let go past the bound. A rogue whose count was still to start began a
+// burst of six across its children, ended it, then churned one call
+// after another until the burst's changes were let go: the count started
+// from what was left, and read one. Now the changes let go are folded
+// into what is kept (the highest level they reached, and each record's
+// last value), so the burst is seen; an honest subtree churning as much,
+// three at a time, still reads three.
+func TestRogue39FABurstPushedOutOfTheKeptChangesIsStillSeen(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		burst int
+		want  int64
+	}{{"rogue", 6, 6}, {"honest", 3, 3}} {
+		t.Run(tc.name, func(t *testing.T) {
+			q := &pendingPeak{from: 10}
+			rev := uint64(10)
+			change := func(record string, v int64) {
+				rev++
+				q.add(rev, record, v)
+			}
+			// The burst: each of tc.burst shards rises to one, then falls.
+			for i := range tc.burst {
+				change(fmt.Sprintf("s%d", i), 1)
+			}
+			for i := range tc.burst {
+				change(fmt.Sprintf("s%d", i), 0)
+			}
+			// The churn: one call after another in one shard, then one
+			// left open.
+			for range maxPendingChanges {
+				change("churn", 1)
+				change("churn", 0)
+			}
+			change("churn", 1)
+			// The count's snapshot: the churning shard's one call open.
+			p := newSubtreePeak(rev, 0, map[string]uint64{"churn": 1})
+			p.replay(q)
+			if p.now() != tc.want {
+				t.Errorf("the count started at %d, want %d", p.now(), tc.want)
+			}
+			if len(q.changes) > maxPendingChanges {
+				t.Errorf("%d changes kept, over the bound %d", len(q.changes), maxPendingChanges)
+			}
+		})
+	}
+}
