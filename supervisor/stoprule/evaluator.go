@@ -881,7 +881,9 @@ func (ix *index) pruneUnseen() {
 // a rogue attaching its allotment to each child it ended at once grew the
 // leader's memory at will. A rule read before its node's spawn (rev past
 // nodesRev) is held: the spawn is still to come, or the end, which lets it
-// go. Revisions equal (a backend merging commits) are not decided: held.
+// go. Revisions equal are not decided (held), and cannot be of a rule and
+// its subtree's end: Add reads the node, its end writes it, and a backend
+// merging commits (etcd) never merges a write with a read of the same key.
 func (ix *index) deadOnArrival(rule *Rule, rev uint64) bool {
 	return rule.NodeID != "" && ix.judgedBelow[rule.NodeID] == 0 && ix.nodesRev > rev
 }
