@@ -72,7 +72,11 @@
 //     evaluation), from a snapshot, and takes each later change of the
 //     node's records from its watch, in commit order, so a burst begun
 //     and ended across the children between two evaluations is seen at
-//     its peak. The peak is kept in the store as it rises (stoprulespeak/,
+//     its peak; the changes taken between the moment the evaluator learns
+//     a count is to start and its snapshot are kept (pendingPeak), and
+//     the count starts at the highest level they reached (and for a node
+//     spawned under such a rule, the changes of its records taken before
+//     its spawn was read: unseen). The peak is kept in the store as it rises (stoprulespeak/,
 //     which a new leader and TestStopRule read), and a pass ended by a
 //     watch that fell behind hands its counts to the next (endPass).
 //   - A rule that is true files its proposal and its fired mark in one

@@ -75,10 +75,24 @@ type index struct {
 	// own tree's turns make as late as it likes.
 	peakAt  map[string]int
 	peakSel int
-	// peakStart holds the nodes whose count is to start (startPeaks);
-	// peakRisen those whose count rose above the peak the store holds
-	// (savePeaks).
-	peakStart, peakRisen map[string]bool
+	// peakStart holds the nodes whose count is to start (startPeaks),
+	// with the changes of their records taken since the evaluator learnt
+	// it (pendingPeak: the count starts at the highest level they
+	// reached, not at its snapshot's); peakRisen those whose count rose
+	// above the peak the store holds (savePeaks).
+	peakStart map[string]*pendingPeak
+	peakRisen map[string]bool
+	// rulesRev is the latest revision the evaluator has read of the stop
+	// rules' records (its scan's, then its rules' watch's): a count to
+	// start keeps the changes after it (pendingPeak).
+	rulesRev uint64
+	// unseen holds, while a rule reading the peak is stored, the changes
+	// of the count records of nodes the evaluator does not know, committed
+	// after nodesRev: the node's spawn may be still to come on the nodes'
+	// watch (two watches, read in either order), and its count starts from
+	// them (putNode). Once the nodes are read past a node's first change,
+	// its spawn was read, and it is not judged: they go (pruneUnseen).
+	unseen map[string]*pendingPeak
 	// peakSaveWait is set when a write of the peaks failed: the next is
 	// tried at the next tick (or as the pass ends), not every round.
 	peakSaveWait bool
@@ -233,19 +247,35 @@ func (r *Rules) startPeaks(ctx context.Context, ix *index) {
 			break
 		}
 	}
+	r.startCounts(ctx, ix, ids)
+}
+
+// startCounts starts the counts of ids, marked to start, each from a
+// snapshot of its records at the highest level the changes taken since it
+// was marked reached (pendingPeak.replay).
+func (r *Rules) startCounts(ctx context.Context, ix *index, ids []string) {
 	if len(ids) == 0 {
 		return
 	}
 	counts := map[string]*subtreePeak{}
 	r.readPeaks(func(f func(store.ReadTxn) error) error { return r.Store.View(ctx, f) }, ids, counts)
 	for _, id := range ids {
-		delete(ix.peakStart, id)
 		if p := counts[id]; p != nil {
+			p.replay(ix.peakStart[id])
 			ix.peaks[id] = p
 			if p.now() > p.saved {
 				ix.peakRisen[id] = true
 			}
 		}
+		delete(ix.peakStart, id)
+	}
+}
+
+// toStart marks node id's count to start, keeping the changes of its
+// records from the revision of the stop rules' records read so far.
+func (ix *index) toStart(id string) {
+	if ix.peakStart[id] == nil {
+		ix.peakStart[id] = &pendingPeak{from: ix.rulesRev}
 	}
 }
 
@@ -344,7 +374,7 @@ func (r *Rules) load(ctx context.Context) (*index, error) {
 	ix := &index{byNode: map[string][]*activeRule{}, selectors: map[string]*activeRule{}, byID: map[string]*activeRule{},
 		nodes: map[string]nodeInfo{}, children: map[string]map[string]bool{}, dirty: newFairQueue(), retry: map[string]bool{}, open: map[string]bool{},
 		judgedBelow: map[string]int{}, peaks: map[string]*subtreePeak{}, timedAt: map[string]int{}, subAt: map[string]int{},
-		peakAt: map[string]int{}, peakStart: map[string]bool{}, peakRisen: map[string]bool{}}
+		peakAt: map[string]int{}, peakStart: map[string]*pendingPeak{}, unseen: map[string]*pendingPeak{}, peakRisen: map[string]bool{}}
 	var rules []*Rule
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
@@ -352,6 +382,7 @@ func (r *Rules) load(ctx context.Context) (*index, error) {
 			return err
 		}
 		ix.nodesRev = tx.Revision()
+		ix.rulesRev = tx.Revision()
 		err = tx.Scan([]byte(tree.NodePrefix), nil, func(_, v []byte) error {
 			n := &tree.Node{}
 			if err := tree.UnmarshalNode(v, n); err != nil {
@@ -418,8 +449,18 @@ func (ix *index) putNode(n *tree.Node) {
 	}
 	if _, known := ix.nodes[n.NodeID]; !known {
 		defer func() {
+			kept := ix.unseen[n.NodeID]
+			delete(ix.unseen, n.NodeID)
 			if ix.peaks[n.NodeID] == nil && ix.readsPeak(n.NodeID) {
-				ix.peakStart[n.NodeID] = true
+				// A node spawned: its records hold nothing before its
+				// spawn, so every change of them since, those taken
+				// before the spawn included, makes its count exact.
+				if kept == nil {
+					kept = &pendingPeak{}
+				}
+				if ix.peakStart[n.NodeID] == nil {
+					ix.peakStart[n.NodeID] = kept
+				}
 			}
 		}()
 		ix.judgedBelow[n.NodeID]++
@@ -511,7 +552,7 @@ func (ix *index) markSubtree(root string, peak bool) {
 		stack = stack[:len(stack)-1]
 		ix.markNode(id)
 		if _, ok := ix.nodes[id]; ok && peak && ix.peaks[id] == nil {
-			ix.peakStart[id] = true
+			ix.toStart(id)
 		}
 		for c := range ix.children[id] {
 			stack = append(stack, c)
@@ -568,7 +609,7 @@ func (r *Rules) putRule(ix *index, rule *Rule) {
 		if ix.appliesTo(a, id, n) {
 			ix.dirty.mark(rootOf(id, n.ancestors), id)
 			if peak && ix.peaks[id] == nil {
-				ix.peakStart[id] = true
+				ix.toStart(id)
 			}
 		}
 	}
@@ -731,7 +772,16 @@ func (r *Rules) take(ix *index, w store.Watcher, batch []store.Event, ok bool) e
 }
 
 func (r *Rules) applyEvents(ix *index, batch []store.Event) {
+	passed := false // the nodes read past a revision more
+	defer func() {
+		if passed && len(ix.unseen) > 0 {
+			ix.pruneUnseen()
+		}
+	}()
 	for _, ev := range batch {
+		if !isUnder(ev.Key, tree.NodePrefix) {
+			ix.rulesRev = max(ix.rulesRev, ev.Revision)
+		}
 		switch {
 		case isUnder(ev.Key, prefixRule):
 			if ev.Type == store.EventDelete {
@@ -750,6 +800,8 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 				if p.now() > p.saved {
 					ix.peakRisen[id] = true
 				}
+			} else if own, ok := ownOf(ev); ok {
+				ix.keepChange(id, ev.Revision, ownRecord, own)
 			}
 		case isUnder(ev.Key, prefixGrow):
 			ix.markNode(keyNode(ev.Key, prefixGrow))
@@ -759,18 +811,23 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 			// call costs the evaluator its own node, not its lineage.
 			id := keyNode(ev.Key, prefixSub)
 			ix.markForSubtree(id)
+			shard := tail(ev.Key, prefixSub+id+"/")
 			if p := ix.peaks[id]; p != nil {
-				p.takeShard(tail(ev.Key, prefixSub+id+"/"), ev)
+				p.takeShard(shard, ev)
 				if p.now() > p.saved {
 					ix.peakRisen[id] = true
 				}
+			} else if open, ok := openOf(ev); ok {
+				ix.keepChange(id, ev.Revision, shard, open)
 			}
 		case isUnder(ev.Key, prefixSubSelf):
 			ix.markForSubtree(keyNode(ev.Key, prefixSubSelf))
 		case isUnder(ev.Key, prefixSelf):
 			ix.markNode(tail(ev.Key, prefixSelf))
 		case isUnder(ev.Key, tree.NodePrefix):
-			ix.nodesRev = max(ix.nodesRev, ev.Revision)
+			if ev.Revision > ix.nodesRev {
+				ix.nodesRev, passed = ev.Revision, true
+			}
 			if ev.Type == store.EventDelete {
 				ix.dropNode(tail(ev.Key, tree.NodePrefix))
 				continue
@@ -779,6 +836,36 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 			if tree.UnmarshalNode(ev.Value, n) == nil {
 				ix.putNode(n)
 			}
+		}
+	}
+}
+
+// keepChange keeps a change of node id's count records, the node's count
+// not started: for a count marked to start (peakStart), or a node not
+// known yet whose spawn may be still to come (unseen).
+func (ix *index) keepChange(id string, rev uint64, record string, value int64) {
+	if q := ix.peakStart[id]; q != nil {
+		q.add(rev, record, value)
+		return
+	}
+	if _, known := ix.nodes[id]; known || rev <= ix.nodesRev || (len(ix.peakAt) == 0 && ix.peakSel == 0) {
+		return
+	}
+	q := ix.unseen[id]
+	if q == nil {
+		q = &pendingPeak{}
+		ix.unseen[id] = q
+	}
+	q.add(rev, record, value)
+}
+
+// pruneUnseen lets go the changes of nodes not known whose first change
+// the nodes' watch has passed: their spawn (before it) was read, and they
+// are not judged.
+func (ix *index) pruneUnseen() {
+	for id, q := range ix.unseen {
+		if q.first <= ix.nodesRev {
+			delete(ix.unseen, id)
 		}
 	}
 }
@@ -794,7 +881,9 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 // a rogue attaching its allotment to each child it ended at once grew the
 // leader's memory at will. A rule read before its node's spawn (rev past
 // nodesRev) is held: the spawn is still to come, or the end, which lets it
-// go. Revisions equal (a backend merging commits) are not decided: held.
+// go. Revisions equal are not decided (held), and cannot be of a rule and
+// its subtree's end: Add reads the node, its end writes it, and a backend
+// merging commits (etcd) never merges a write with a read of the same key.
 func (ix *index) deadOnArrival(rule *Rule, rev uint64) bool {
 	return rule.NodeID != "" && ix.judgedBelow[rule.NodeID] == 0 && ix.nodesRev > rev
 }
@@ -882,6 +971,12 @@ func (r *Rules) evaluateDirty(ctx context.Context, ix *index, limit int) error {
 		}
 		if len(rules) == 0 {
 			return 0, agentsToo, nil
+		}
+		if ix.peakStart[id] != nil && ix.peaks[id] == nil {
+			// Its count marked to start and not yet (more than a batch
+			// marked at once): started here with the changes it kept,
+			// not by the evaluation from its own snapshot alone.
+			r.startCounts(ctx, ix, []string{id})
 		}
 		cost, open, err := r.evaluateNodeOpen(ctx, id, rules, ix.peaks)
 		if p := ix.peaks[id]; p != nil && p.now() > p.saved {

@@ -175,15 +175,38 @@ func (p *subtreePeak) takeOwn(ev store.Event) {
 	if !p.step(ev.Revision) {
 		return
 	}
-	var own int64
-	if ev.Type != store.EventDelete {
-		var ok bool
-		if own, ok = callsInFlightOf(ev.Value); !ok {
-			return
-		}
+	if own, ok := ownOf(ev); ok {
+		p.set(ownRecord, own)
 	}
-	p.level += own - p.own
-	p.own = own
+}
+
+// ownRecord names the node's own counters among the records a count
+// adds up (a shard record's name, the key's tail, is never empty).
+const ownRecord = ""
+
+// ownOf reads the node's own calls in flight from a change of its
+// counters: false when it does not decode.
+func ownOf(ev store.Event) (int64, bool) {
+	if ev.Type == store.EventDelete {
+		return 0, true
+	}
+	return callsInFlightOf(ev.Value)
+}
+
+// set takes record's new value (ownRecord: the node's own calls in
+// flight; else a shard record's open calls).
+func (p *subtreePeak) set(record string, v int64) {
+	if record == ownRecord {
+		p.level += v - p.own
+		p.own = v
+		return
+	}
+	p.level += v - int64(p.shards[record])
+	if v == 0 {
+		delete(p.shards, record)
+	} else {
+		p.shards[record] = uint64(v)
+	}
 }
 
 // callsInFlightOf reads calls_in_flight (field 6, a varint) from a
@@ -218,18 +241,151 @@ func (p *subtreePeak) takeShard(shard string, ev store.Event) {
 	if !p.step(ev.Revision) {
 		return
 	}
-	var open uint64
-	if ev.Type != store.EventDelete {
-		s, err := decodeSubtotal(ev.Value)
-		if err != nil {
-			return
+	if open, ok := openOf(ev); ok {
+		p.set(shard, open)
+	}
+}
+
+// openOf reads a shard record's open calls from a change of it: false
+// when it does not decode.
+func openOf(ev store.Event) (int64, bool) {
+	if ev.Type == store.EventDelete {
+		return 0, true
+	}
+	s, err := decodeSubtotal(ev.Value)
+	if err != nil || s.open > math.MaxInt64 {
+		return 0, false
+	}
+	return int64(s.open), true
+}
+
+// pendingPeak is a count the evaluator is to start (startPeaks) and has
+// not yet: the changes of the node's records its watch handed it since
+// from, the revision of the stop rules' watch it had taken when it learnt
+// the count was to start (a new leader's scan, a rule read, a node
+// spawned). The count starts from a later snapshot, which holds their
+// net effect and not the levels between: a rogue that began a burst
+// across its children and ended it in that gap (right after a leader
+// change, or after its operator attached the rule) was counted from the
+// level after it.
+type pendingPeak struct {
+	from    uint64
+	first   uint64 // the revision of the first change kept
+	changes []peakChange
+	// The changes let go past maxPendingChanges, folded: the highest
+	// level between revisions they reached (the records they did not
+	// change read as none), each record's last value, and the revision of
+	// the last. Else a rogue whose count was still to start churned calls
+	// after its burst until the burst's changes were let go.
+	floor   int64
+	known   map[string]int64
+	foldRev uint64
+}
+
+// peakChange is one change of a record a count adds up: its new value
+// (the node's own calls in flight, or a shard record's open calls).
+type peakChange struct {
+	rev    uint64
+	record string
+	value  int64
+}
+
+// maxPendingChanges bounds the changes a pending count keeps: past it
+// the older half is folded (pendingPeak.fold).
+const maxPendingChanges = 4096
+
+// add keeps a change committed after from.
+func (q *pendingPeak) add(rev uint64, record string, value int64) {
+	if rev <= q.from {
+		return
+	}
+	if len(q.changes) >= maxPendingChanges {
+		q.fold()
+	}
+	if q.first == 0 {
+		q.first = rev
+	}
+	q.changes = append(q.changes, peakChange{rev: rev, record: record, value: value})
+}
+
+// fold folds the older half of q's changes (to a revision's end, when
+// one ends after it) into floor, known and foldRev. A level within a
+// revision is no candidate: when the changes folded end within one, the
+// level they leave is taken only once a change of a later revision
+// follows (replay).
+func (q *pendingPeak) fold() {
+	cut := len(q.changes) / 2
+	for cut < len(q.changes) && q.changes[cut].rev == q.changes[cut-1].rev {
+		cut++
+	}
+	if q.known == nil {
+		q.known = map[string]int64{}
+	}
+	var level int64
+	for _, v := range q.known {
+		level += v
+	}
+	rev := q.foldRev
+	for _, c := range q.changes[:cut] {
+		if c.rev != rev {
+			q.floor = max(q.floor, level)
+			rev = c.rev
 		}
-		open = s.open
+		level += c.value - q.known[c.record]
+		q.known[c.record] = c.value
 	}
-	p.level += int64(open) - int64(p.shards[shard])
-	if open == 0 {
-		delete(p.shards, shard)
-	} else {
-		p.shards[shard] = open
+	q.foldRev = rev
+	q.changes = append(q.changes[:0], q.changes[cut:]...)
+}
+
+// replay raises p, started from a snapshot at p.base, to the highest level
+// between revisions that q's changes reached before it, and takes those
+// after it as the watch's. A record changed before the snapshot has its
+// value before its first change read as none (unknown: the count did not
+// hold it), every other its snapshot's value (it did not change): each
+// level so computed is at most the true one, so an honest subtree whose
+// children peaked one after another reads no more than its peak, and a
+// burst begun and ended in the gap is read at its height (the records it
+// raised from none, the calls it began).
+func (p *subtreePeak) replay(q *pendingPeak) {
+	if q == nil || (len(q.changes) == 0 && q.known == nil) {
+		return
 	}
+	changed := map[string]bool{}
+	values := map[string]int64{}
+	var level int64
+	for r, v := range q.known {
+		changed[r] = true
+		values[r] = v
+		level += v
+	}
+	for _, c := range q.changes {
+		if c.rev <= p.base {
+			changed[c.record] = true
+		}
+	}
+	if !changed[ownRecord] {
+		level += p.own
+	}
+	for s, n := range p.shards {
+		if !changed[s] {
+			level += int64(n)
+		}
+	}
+	peak, rev := q.floor, q.foldRev
+	for _, c := range q.changes {
+		if c.rev > p.base {
+			if p.step(c.rev) {
+				p.set(c.record, c.value)
+			}
+			continue
+		}
+		if c.rev != rev {
+			peak = max(peak, level)
+			rev = c.rev
+		}
+		level += c.value - values[c.record]
+		values[c.record] = c.value
+	}
+	p.peak = max(p.peak, peak, level)
 }
