@@ -36,7 +36,10 @@ type Tombstone struct {
 // revokedAt: a token minted before the revocation expires by
 // revokedAt + MaxTokenTTL and is accepted at most MaxLeeway beyond that.
 // Both comparisons run on the verifier's own clock against times the control
-// plane wrote, so the bound holds whatever the verifier's clock skew.
+// plane wrote, so the bound holds whatever the verifier's clock skew, as
+// long as the verifier prunes its own set. A snapshot (a verifier behind
+// the feed's compaction point) holds only what the control plane's clock
+// kept: see docs/design.md §11.
 func DropAfter(revokedAt time.Time) time.Time {
 	return revokedAt.Add(MaxTokenTTL + MaxLeeway)
 }
