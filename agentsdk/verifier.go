@@ -62,7 +62,9 @@ type VerifierConfig struct {
 	// Conn's bearer token. A tool server verifying tokens from any agent
 	// uses an operator token (a viewer's is enough), which sees the whole
 	// feed; an agent credential sees only its own lineage's revocations,
-	// so it suits only a verifier of tokens from that lineage.
+	// so it suits only a verifier of tokens from that lineage: a token of
+	// another tree still verifies (offline, its tree is not known), and
+	// after its revocation too, until it expires (docs/design.md §11).
 	Conn *Conn
 	// Issuer is the expected iss; default "tether".
 	Issuer string

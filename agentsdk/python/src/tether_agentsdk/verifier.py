@@ -320,9 +320,17 @@ def parse_jwks(data: bytes) -> dict[str, Any]:
     return keys
 
 
+def _drop_time(t: dict) -> float:
+    """A feed tombstone's dropAfter in wall seconds, math.inf without one."""
+    drop = _wire.parse_timestamp(t.get("dropAfter"))
+    return math.inf if drop is None else drop.timestamp()
+
+
 @dataclass
 class _Tombstones:
-    by_grant: dict[str, dict] = field(default_factory=dict)
+    # grant id -> when its tombstone may be dropped (wall seconds; math.inf
+    # when the feed gave none), read once as the tombstone arrives.
+    by_grant: dict[str, float] = field(default_factory=dict)
     head: int = 0
     synced_at: float | None = None
 
@@ -377,6 +385,9 @@ class Verifier(StreamFollower):
         # continues), gathered until its last: the set is replaced only
         # then. None when no snapshot is under way; the feed's thread only.
         self._snapshot: list[dict] | None = None
+        # The earliest drop time in the set: a message prunes the set only
+        # once the clock has passed it (the feed's thread only).
+        self._next_drop = math.inf
         self._cond = threading.Condition()
 
     @property
@@ -509,6 +520,18 @@ class Verifier(StreamFollower):
             if not _id_ok(t.get("grantId")):
                 self._snapshot = None
                 raise ValueError("a tombstone without a grant id")
+        # Each tombstone's drop time is read once, as it arrives. Every
+        # message read again that of every tombstone the set held: a rogue
+        # revoking grants it delegates, in a loop, had each of its
+        # revocations cost every Python verifier a parse per tombstone held
+        # (rogue39H), its feed's thread falling behind the feed while it
+        # stayed fresh, an operator's revocation queued behind the flood.
+        try:
+            for t in tombstones:
+                t["_dropAt"] = _drop_time(t)
+        except ValueError:
+            self._snapshot = None
+            raise
         with self._cond:
             if msg.get("snapshot"):
                 # A new copy starts (one cut off by a broken stream was
@@ -519,6 +542,7 @@ class Verifier(StreamFollower):
                 tombstones = [*self._snapshot, *tombstones]
                 self._snapshot = None
                 state = _Tombstones(head=head, synced_at=self._state.synced_at)
+                self._next_drop = math.inf
             else:
                 # A snapshot that continues in the next message leaves the
                 # old set whole until then (one replaced with its first
@@ -529,17 +553,25 @@ class Verifier(StreamFollower):
                     self._snapshot.extend(tombstones)
                 state = _Tombstones(dict(self._state.by_grant), self._state.head, self._state.synced_at)
             for t in tombstones:
-                state.by_grant.setdefault(t.get("grantId"), t)
+                gid, drop = t.get("grantId"), t["_dropAt"]
+                # Revocation only narrows: the later drop time is kept.
+                state.by_grant[gid] = max(drop, state.by_grant.get(gid, -math.inf))
+                self._next_drop = min(self._next_drop, drop)
                 state.head = max(state.head, _wire.uint64(t.get("sequence")))
             if not continues:
                 # A message cut short is not the feed's head: the verifier
                 # is neither ready nor fresh again until the one that is.
                 state.head = max(state.head, head)
             now = self.clock()
-            for gid, t in list(state.by_grant.items()):
-                drop = _wire.parse_timestamp(t.get("dropAfter"))
-                if drop is not None and drop.timestamp() < now:
-                    del state.by_grant[gid]
+            if now > self._next_drop:
+                # Only once the earliest drop time has passed, and then in
+                # one pass that finds the next.
+                self._next_drop = math.inf
+                for gid, drop in list(state.by_grant.items()):
+                    if drop < now:
+                        del state.by_grant[gid]
+                    else:
+                        self._next_drop = min(self._next_drop, drop)
             # Freshness is this verifier's clock when the message arrived,
             # not the server's time in it.
             if not continues:
