@@ -3,6 +3,10 @@ package agentsdk_test
 import (
 	"context"
 	"errors"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -84,5 +88,63 @@ func TestRogue39ARunWaitsForTheAbortCallbacksTheSessionStarted(t *testing.T) {
 	}
 	if !errors.Is(context.Cause(a.Context()), agentsdk.ErrAborted) {
 		t.Fatalf("the agent's context ended with %v, want ErrAborted", context.Cause(a.Context()))
+	}
+}
+
+// TestRogue39AToolThatPanicsIsRecordedFailed: a rogue agent hands a gated
+// HTTP tool the input that crashes it (a nil map, an index out of range):
+// net/http recovers the handler's panic and serves on, but the gate never
+// heard how the call ended. The call stayed in flight in the ledger (and
+// in the gate's memory, one entry a crash), so the agent's drain waited
+// for it to its deadline and the abort then recorded the gate's cancel
+// unacknowledged: the tool server blamed for a call its tool no longer
+// ran. The gate records it failed and lets the panic go on.
+func TestRogue39AToolThatPanicsIsRecordedFailed(t *testing.T) {
+	ctx := context.Background()
+	w := startShellWorld(t)
+	gate := agentsdk.NewToolGate(agentsdk.Dial(w.operator.BaseURL, w.gateToken, agentsdk.WithHTTPClient(w.operator.HTTP)), "shell-gate")
+	t.Cleanup(gate.Close)
+	<-gate.Ready()
+	openCalls := func() []*tetherv1.ToolCall {
+		t.Helper()
+		open, err := w.operator.Tool.ListCalls(ctx, connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: w.agent.NodeID()}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return open.Msg.Calls
+	}
+
+	// Through Middleware, as a tool server serves it.
+	tool := httptest.NewUnstartedServer(gate.Middleware("shell", http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		var crash map[string]int
+		crash["rogue input"] = 1 // a tool that trusts its input
+	})))
+	tool.Config.ErrorLog = log.New(io.Discard, "", 0) // net/http reports the recovered panic
+	tool.Start()
+	t.Cleanup(tool.Close)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, tool.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set(agentsdk.CapabilityHeader, w.rootToken)
+	if resp, err := tool.Client().Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the crashed tool answered %s, want the connection dropped", resp.Status)
+	}
+	if calls := openCalls(); len(calls) != 0 {
+		t.Fatalf("the ledger still holds call %s as %s after its tool crashed: nobody will end it", calls[0].CallId, calls[0].State)
+	}
+
+	// Through Call: the panic goes on to the gate's caller, once recorded.
+	var recovered any
+	func() {
+		defer func() { recovered = recover() }()
+		_ = gate.Call(ctx, w.rootToken, "shell", func(context.Context) error { panic("rogue input " + w.rootToken) })
+	}()
+	if recovered != "rogue input "+w.rootToken {
+		t.Fatalf("Call's caller recovered %v, want the tool's own panic", recovered)
+	}
+	if calls := openCalls(); len(calls) != 0 {
+		t.Fatalf("the ledger still holds call %s as %s after its tool panicked: nobody will end it", calls[0].CallId, calls[0].State)
 	}
 }
