@@ -7,12 +7,16 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/agentsdk"
+	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -146,5 +150,85 @@ func TestRogue39AToolThatPanicsIsRecordedFailed(t *testing.T) {
 	}
 	if calls := openCalls(); len(calls) != 0 {
 		t.Fatalf("the ledger still holds call %s as %s after its tool panicked: nobody will end it", calls[0].CallId, calls[0].State)
+	}
+}
+
+// heldRefresh holds the Refresh requests it carries, once hold is closed,
+// until release is: a control plane slow to answer (a rogue sibling spent
+// the lineage's budget, and the refresh waits the refusals' hints).
+type heldRefresh struct {
+	base          http.RoundTripper
+	hold, release chan struct{}
+	entered       chan struct{} // one per held request
+}
+
+func (h *heldRefresh) RoundTrip(r *http.Request) (*http.Response, error) {
+	if strings.HasSuffix(r.URL.Path, "/Refresh") {
+		select {
+		case <-h.hold:
+			h.entered <- struct{}{}
+			<-h.release
+		default:
+		}
+	}
+	return h.base.RoundTrip(r)
+}
+
+// TestRogue39ACapabilityTokenCallerLeavesOnItsOwnContext: concurrent
+// callers of a CapabilityToken share one refresh, and the shared refresh
+// held the token's lock through its call: while it waited (a rogue
+// sibling spent the lineage's rate budget, and the refresh waited out the
+// refusals' hints, up to the call's 30 s), every other caller waited on
+// the lock past its own context's end — a tool call with a one-second
+// deadline held for half a minute. A caller now waits for the shared
+// refresh, or until its own context ends.
+func TestRogue39ACapabilityTokenCallerLeavesOnItsOwnContext(t *testing.T) {
+	clk := clock.NewManual(time.Date(2026, 12, 6, 9, 0, 0, 0, time.UTC))
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	ctx := context.Background()
+	held := &heldRefresh{base: srv.HTTP.Transport, hold: make(chan struct{}), release: make(chan struct{}), entered: make(chan struct{}, 4)}
+	admin := agentsdk.Dial(srv.URL, srv.Admin, agentsdk.WithHTTPClient(&http.Client{Transport: held}))
+	me, err := agentsdk.RegisterRoot(ctx, admin, "rogue39a-token", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{
+		HolderNodeId: me.NodeID(), Scopes: []string{"tool:echo"}, Ttl: durationpb.New(time.Hour),
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	source, err := me.CapabilityTokenFor(ctx, root.Msg.Grant.GrantId, agentsdk.WithTokenClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(source.Grant().ExpiresAt.Sub(clk.Now()) * 3 / 4) // due for a refresh
+
+	close(held.hold)
+	shared := make(chan error, 1)
+	go func() { _, err := source.Token(ctx); shared <- err }()
+	<-held.entered // the shared refresh waits for the control plane
+
+	gone, cancel := context.WithCancel(ctx)
+	cancel() // this caller's deadline has passed
+	left := make(chan error, 1)
+	go func() { _, err := source.Token(gone); left <- err }()
+	select {
+	case err := <-left:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("the caller whose context ended got %v, want its context's error", err)
+		}
+	case <-time.After(10 * time.Second): // a guard against the hang, not a timing
+		close(held.release)
+		t.Fatal("a caller whose context had ended waited for another caller's refresh")
+	}
+	close(held.release)
+	if err := <-shared; err != nil {
+		t.Fatalf("the shared refresh: %v", err)
+	}
+	// The refresh is shared: a caller after it has the fresh token, with no
+	// refresh of its own.
+	if tok, err := source.Token(gone); err != nil || tok != source.Grant().Token {
+		t.Fatalf("after the refresh: %v, want the fresh token", err)
 	}
 }
