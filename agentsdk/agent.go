@@ -282,8 +282,8 @@ func (a *Agent) Opened() <-chan struct{} { return a.opened }
 // The session's reading goes on meanwhile: a callback that waits (for the
 // work in flight to finish, or for Exit, which waits for the session's
 // end) held it before, and the abort that escalated the drain was never
-// read, nor a refreshed credential (rogue36a test). It
-// counts the OnAbort callbacks it starts as running (Run waits for them).
+// read, nor a refreshed credential (rogue36a test). It counts the
+// OnAbort callbacks it starts as running (Run waits for them).
 func (a *Agent) handle(sig *tetherv1.SessionSignal) {
 	s := Signal{Abort: sig.Kind == tetherv1.SignalKind_SIGNAL_KIND_ABORT, TerminationID: sig.TerminationId, Reason: sig.Reason}
 	if sig.Deadline != nil && !s.Abort {
