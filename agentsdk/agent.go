@@ -62,8 +62,14 @@ type Agent struct {
 	abortSignal      Signal
 	// drainDeadline is the latest drain signal's Deadline (under mu).
 	drainDeadline time.Time
-	opened        chan struct{}
-	openOnce      sync.Once
+	// abortRunning counts the OnAbort callbacks running, those an abort
+	// started and those registered after it (under mu); abortIdle is
+	// closed whenever it is back to zero. Run waits for it before it
+	// returns its refusal.
+	abortRunning int
+	abortIdle    chan struct{}
+	opened       chan struct{}
+	openOnce     sync.Once
 	// live is the open session, if any (Exit claims the exit over it, in
 	// order after its heartbeats); exited stops Run from reconnecting.
 	live   *liveSession
@@ -218,18 +224,52 @@ func (a *Agent) OnDrain(f func(Signal)) {
 // OnAbort registers a callback run once when an abort arrives, after
 // Context has ended, on a goroutine of the SDK's (the OnAbort callbacks on
 // one, in the order registered, beside a drain's that may still run). Run
-// returns its refusal of a dead credential once they have returned.
+// returns its refusal of a dead credential once they have returned, also
+// when the abort signal (not the refusal) started them.
 //
 // Registered after the abort arrived, it runs at once, on a goroutine of
-// its own.
+// its own (and Run, refused then, waits for it too).
 func (a *Agent) OnAbort(f func(Signal)) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.aborted {
-		go f(a.abortSignal)
+		done := a.abortCallbackStarted()
+		go func() {
+			defer done()
+			f(a.abortSignal)
+		}()
 		return
 	}
 	a.onAbort = append(a.onAbort, f)
+}
+
+// abortCallbackStarted counts an OnAbort callback (or an abort's run of
+// them) as running, with a.mu held, and returns what notes its return.
+func (a *Agent) abortCallbackStarted() (returned func()) {
+	if a.abortRunning == 0 {
+		a.abortIdle = make(chan struct{})
+	}
+	a.abortRunning++
+	return func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		a.abortRunning--
+		if a.abortRunning == 0 {
+			close(a.abortIdle)
+		}
+	}
+}
+
+// abortCallbacksReturned is closed once no OnAbort callback runs.
+func (a *Agent) abortCallbacksReturned() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.abortRunning == 0 {
+		idle := make(chan struct{})
+		close(idle)
+		return idle
+	}
+	return a.abortIdle
 }
 
 // Opened is closed once the first session is open (the agent is then
@@ -242,10 +282,9 @@ func (a *Agent) Opened() <-chan struct{} { return a.opened }
 // The session's reading goes on meanwhile: a callback that waits (for the
 // work in flight to finish, or for Exit, which waits for the session's
 // end) held it before, and the abort that escalated the drain was never
-// read, nor a refreshed credential (rogue36a test). The channel it returns
-// is closed once the OnAbort callbacks this signal started have returned
-// (at once when it started none).
-func (a *Agent) handle(sig *tetherv1.SessionSignal) <-chan struct{} {
+// read, nor a refreshed credential (rogue36a test). It counts the
+// OnAbort callbacks it starts as running (Run waits for them).
+func (a *Agent) handle(sig *tetherv1.SessionSignal) {
 	s := Signal{Abort: sig.Kind == tetherv1.SignalKind_SIGNAL_KIND_ABORT, TerminationID: sig.TerminationId, Reason: sig.Reason}
 	if sig.Deadline != nil && !s.Abort {
 		s.Deadline = sig.Deadline.AsTime()
@@ -262,6 +301,7 @@ func (a *Agent) handle(sig *tetherv1.SessionSignal) <-chan struct{} {
 		(*hook)(a, s)
 	}
 	var drainFs, abortFs []func(Signal)
+	var abortsReturned func()
 	a.drainOnce.Do(func() {
 		// Draining closes under a.mu, with drained set: an OnDrain that
 		// finds drained runs at once, and must find Draining closed
@@ -281,6 +321,9 @@ func (a *Agent) handle(sig *tetherv1.SessionSignal) <-chan struct{} {
 			a.mu.Lock()
 			a.abortSignal, a.aborted = s, true
 			abortFs, a.onAbort = a.onAbort, nil
+			if len(abortFs) > 0 {
+				abortsReturned = a.abortCallbackStarted()
+			}
 			a.abortWork(ErrAborted)
 			a.mu.Unlock()
 			if hook := afterSignalNoted.Load(); hook != nil {
@@ -291,13 +334,9 @@ func (a *Agent) handle(sig *tetherv1.SessionSignal) <-chan struct{} {
 	if len(drainFs) > 0 {
 		go runCallbacks(drainFs, s, nil)
 	}
-	done := make(chan struct{})
 	if len(abortFs) > 0 {
-		go runCallbacks(abortFs, s, done)
-	} else {
-		close(done)
+		go runCallbacks(abortFs, s, abortsReturned)
 	}
-	return done
 }
 
 // afterSignalNoted, set by tests only, runs in handle once it has noted a
@@ -305,14 +344,19 @@ func (a *Agent) handle(sig *tetherv1.SessionSignal) <-chan struct{} {
 // registered then is one registered after its signal.
 var afterSignalNoted atomic.Pointer[func(a *Agent, abort bool)]
 
+// runWaitsForAbortCallbacks, set by tests only, runs in Run once the
+// credential (or the session) was refused and the abort noted, before Run
+// waits for the OnAbort callbacks still running.
+var runWaitsForAbortCallbacks atomic.Pointer[func(a *Agent)]
+
 // onSignal, set by tests only, is told every signal handle reads, once
 // DrainDeadline has taken it in.
 var onSignal atomic.Pointer[func(a *Agent, s Signal)]
 
-// runCallbacks calls fs with s in order, then closes done (if any).
-func runCallbacks(fs []func(Signal), s Signal, done chan struct{}) {
+// runCallbacks calls fs with s in order, then calls done (if any).
+func runCallbacks(fs []func(Signal), s Signal, done func()) {
 	if done != nil {
-		defer close(done)
+		defer done()
 	}
 	for _, f := range fs {
 		f(s)
@@ -327,7 +371,9 @@ func runCallbacks(fs []func(Signal), s Signal, done chan struct{}) {
 // permission_denied: the node was terminated, which ends its credential,
 // also after the agent was told so by a signal) or the session is, because
 // the node's exit was confirmed (failed_precondition: a launcher's
-// attestation).
+// attestation); it returns that refusal once no OnAbort callback runs
+// (those the abort signal started before the refusal included), so that a
+// process that ends when Run returns has done its cleanup.
 //
 // Before reconnecting it waits a backoff (100ms, doubling up to 5s), or
 // the hint of a refusal that gives one (resource_exhausted: the lineage's
@@ -343,7 +389,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		if connect.CodeOf(err) == connect.CodeUnauthenticated || connect.CodeOf(err) == connect.CodePermissionDenied {
 			// The credential is dead (the node was terminated): nothing to
 			// reconnect to. Make sure work stops.
-			<-a.handle(&tetherv1.SessionSignal{Kind: tetherv1.SignalKind_SIGNAL_KIND_ABORT, Reason: "credential rejected: " + connect.CodeOf(err).String()})
+			a.handle(&tetherv1.SessionSignal{Kind: tetherv1.SignalKind_SIGNAL_KIND_ABORT, Reason: "credential rejected: " + connect.CodeOf(err).String()})
+			a.waitAbortCallbacks()
 			return err
 		}
 		if connect.CodeOf(err) == connect.CodeFailedPrecondition {
@@ -353,7 +400,8 @@ func (a *Agent) Run(ctx context.Context) error {
 			// a node, so the refusal is that signal. Reconnecting, the agent
 			// had each refusal stored as evidence against its exit, and its
 			// work was never told to stop.
-			<-a.handle(&tetherv1.SessionSignal{Kind: tetherv1.SignalKind_SIGNAL_KIND_ABORT, Reason: "the node's exit was confirmed: stop now"})
+			a.handle(&tetherv1.SessionSignal{Kind: tetherv1.SignalKind_SIGNAL_KIND_ABORT, Reason: "the node's exit was confirmed: stop now"})
+			a.waitAbortCallbacks()
 			return err
 		}
 		// A refusal with a retry hint (the lineage's rate limit, spent) is
@@ -370,6 +418,18 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		backoff = min(backoff*2, 5*time.Second)
 	}
+}
+
+// waitAbortCallbacks waits until no OnAbort callback runs: those this
+// refusal's abort started, and those the session's abort signal started
+// before it (rogue39a test: Run returned at once, the abort signal had
+// already started them, and an agent whose process ends when Run returns
+// ended in the middle of its cleanup), or an OnAbort registered since.
+func (a *Agent) waitAbortCallbacks() {
+	if hook := runWaitsForAbortCallbacks.Load(); hook != nil {
+		(*hook)(a)
+	}
+	<-a.abortCallbacksReturned()
 }
 
 // afterExitSent, set by tests only, runs in a session's writer between

@@ -125,3 +125,16 @@ func SignalsOf(a *Agent) (<-chan Signal, func()) {
 	var once sync.Once
 	return out, func() { once.Do(func() { onSignal.Store(nil); close(stop) }) }
 }
+
+// WhenRunWaitsForAbortCallbacks calls f(a) when Run, for agent a, has
+// noted the abort its refusal means and waits for the OnAbort callbacks
+// still running. It returns the function that undoes it.
+func WhenRunWaitsForAbortCallbacks(a *Agent, f func()) (undo func()) {
+	hook := func(waiting *Agent) {
+		if waiting == a {
+			f()
+		}
+	}
+	runWaitsForAbortCallbacks.Store(&hook)
+	return func() { runWaitsForAbortCallbacks.Store(nil) }
+}

@@ -3,6 +3,7 @@ package agentsdk
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"net/http"
 	"strings"
@@ -171,7 +172,9 @@ func (g *ToolGate) settled(n uint64) {
 // stopped by ctx after the order existed). After a cancel order, a handler
 // that stops returns ctx's error (and Call returns ErrCancelled once the
 // cancel is acknowledged); a handler that returns nil or its own error is
-// recorded completed or failed, and Call returns what it returned.
+// recorded completed or failed, and Call returns what it returned. A
+// handler that panics is recorded failed, the panic named in its error,
+// and its panic then goes on (Middleware's server recovers it).
 // The token must allow the scope "tool:" + tool.
 func (g *ToolGate) Call(ctx context.Context, token, tool string, handler func(ctx context.Context) error) error {
 	return g.CallScoped(ctx, token, tool, "", handler)
@@ -221,14 +224,24 @@ func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope st
 		cancel(ErrCancelled)
 	}
 	var herr error
+	var panicked any // the handler's panic, when it panicked
 	if err := ctx.Err(); err != nil {
 		herr = context.Cause(ctx) // the caller left before the tool ran
 	} else {
-		herr = handler(hctx)
+		herr, panicked = runHandler(hctx, handler)
 	}
 	g.mu.Lock()
 	delete(g.inflight, callID)
 	g.mu.Unlock()
+	if panicked != nil {
+		// A handler that panicked (an input that crashes the tool, which
+		// net/http's recovery then hides from a Middleware's server) is
+		// recorded failed before its panic goes on: the call stayed in
+		// flight in the ledger, held its drain to the deadline, and was
+		// recorded as this gate's unacknowledged cancel (rogue39a test).
+		g.reportFailed(ctx, callID, herr, token)
+		panic(panicked)
+	}
 
 	// Report with a context that outlives a cancelled caller: the ledger
 	// must hear how the call ended.
@@ -267,15 +280,53 @@ func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope st
 	}
 	req := &tetherv1.EndCallRequest{CallId: callID, GateId: g.ID, Failed: herr != nil}
 	if herr != nil {
-		// The handler's error may echo anything (the agent's input): only
-		// valid UTF-8 of a bounded size can be sent, and the call's end
-		// must reach the ledger (which keeps maxCallErrorBytes anyway).
-		req.Error = clipUTF8(strings.ToValidUTF8(withoutToken(herr.Error(), token), "\uFFFD"), maxCallErrorBytes)
+		req.Error = reportedError(herr, token)
 	}
 	if _, err := g.conn.Tool.EndCall(rctx, connect.NewRequest(req)); err != nil {
 		return errors.Join(herr, err)
 	}
 	return herr
+}
+
+// runHandler runs handler, and recovers a panic of it: panicked is the
+// panic's value (never nil when it panicked) and herr an error that names
+// it.
+func runHandler(ctx context.Context, handler func(ctx context.Context) error) (herr error, panicked any) {
+	done := false
+	defer func() {
+		if done {
+			return
+		}
+		panicked = recover()
+		if panicked == nil {
+			panicked = errHandlerPanicked
+		}
+		herr = fmt.Errorf("%w: %v", errHandlerPanicked, panicked)
+	}()
+	herr = handler(ctx)
+	done = true
+	return herr, nil
+}
+
+// errHandlerPanicked is the error a call whose handler panicked is
+// recorded failed with.
+var errHandlerPanicked = errors.New("agentsdk: the tool panicked")
+
+// reportFailed records the call failed with herr (its report's context
+// outlives ctx), and gives up on an error: it is called on the way to a
+// panic.
+func (g *ToolGate) reportFailed(ctx context.Context, callID string, herr error, token string) {
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer rcancel()
+	_, _ = g.conn.Tool.EndCall(rctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: callID, GateId: g.ID, Failed: true, Error: reportedError(herr, token)}))
+}
+
+// reportedError is herr as EndCall reports it: the handler's error may
+// echo anything (the agent's input), so only valid UTF-8 of a bounded size
+// is sent (the call's end must reach the ledger, which keeps
+// maxCallErrorBytes anyway), without the caller's token.
+func reportedError(herr error, token string) string {
+	return clipUTF8(strings.ToValidUTF8(withoutToken(herr.Error(), token), "\uFFFD"), maxCallErrorBytes)
 }
 
 // gateCallKey keys the ToolGate call a handler runs in (a gateCall).
