@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import http.server
 import json
+import struct
 import threading
 import time
 from typing import Callable
@@ -101,3 +102,42 @@ class LoopbackPeer:
 # machine's answers exceed, with which every renewal failed
 # deadline_exceeded and the job never heard the answer it waited for.
 LOOP_RENEW_EVERY = 1.0
+
+
+def connect_envelope(msg: dict) -> bytes:
+    """One Connect streaming envelope of msg as JSON."""
+    data = json.dumps(msg).encode()
+    return struct.pack(">BI", 0, len(data)) + data
+
+
+class FloodingFeedPeer(LoopbackPeer):
+    """A control plane whose WatchRevocations answers a rogue's
+    revocation flood: flood feed messages of one tombstone each (as a
+    mass revocation or a loop of revocations comes), then holds the
+    stream open until the test ends. The key set is empty."""
+
+    def __init__(self, flood: int):
+        super().__init__()
+        peer = self
+
+        class Handler(QuietHandler):
+            protocol_version = "HTTP/1.0"
+
+            def do_GET(self):
+                self.answer_json({"keys": []})
+
+            def do_POST(self):
+                self.read_body()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/connect+json")
+                self.end_headers()
+                try:
+                    for n in range(1, flood + 1):
+                        self.wfile.write(connect_envelope({"headSequence": str(n), "tombstones": [
+                            {"grantId": f"g-{n}", "sequence": str(n), "dropAfter": "2999-01-01T00:00:00Z"}]}))
+                    self.wfile.flush()
+                    peer.closing.wait()
+                except OSError:
+                    pass
+
+        self.serve(Handler)

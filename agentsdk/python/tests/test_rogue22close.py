@@ -5,12 +5,10 @@ flood."""
 
 from __future__ import annotations
 
-import json
-import struct
 import threading
 
 from conftest import require_extra
-from helpers import LOOP_RENEW_EVERY, LoopbackPeer, QuietHandler
+from helpers import LOOP_RENEW_EVERY, FloodingFeedPeer
 from tether_agentsdk import Conn, LeaseWorker
 from tether_agentsdk.leaseworker import JOB_ENDED, LEASE_CANCELLED
 
@@ -57,44 +55,7 @@ def test_close_from_the_cancel_callback_closes_the_worker(server, tree, tmp_path
         w.close()
 
 
-def _envelope(msg: dict) -> bytes:
-    data = json.dumps(msg).encode()
-    return struct.pack(">BI", 0, len(data)) + data
-
-
 _FLOOD = 500
-
-
-class FloodingFeedPeer(LoopbackPeer):
-    """Answers WatchRevocations with a flood of feed messages (one
-    revocation each, as a mass revocation comes), then holds the stream
-    open until the test ends. The key set is empty."""
-
-    def __init__(self):
-        super().__init__()
-        peer = self
-
-        class Handler(QuietHandler):
-            protocol_version = "HTTP/1.0"
-
-            def do_GET(self):
-                self.answer_json({"keys": []})
-
-            def do_POST(self):
-                self.read_body()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/connect+json")
-                self.end_headers()
-                try:
-                    for n in range(1, _FLOOD + 1):
-                        self.wfile.write(_envelope({"headSequence": str(n), "tombstones": [
-                            {"grantId": f"g-{n}", "sequence": str(n), "dropAfter": "2999-01-01T00:00:00Z"}]}))
-                    self.wfile.flush()
-                    peer.closing.wait()
-                except OSError:
-                    pass
-
-        self.serve(Handler)
 
 
 def test_a_revocation_flood_does_not_start_a_thread_per_message(monkeypatch):
@@ -112,7 +73,7 @@ def test_a_revocation_flood_does_not_start_a_thread_per_message(monkeypatch):
         return start(self, *args, **kwargs)
 
     monkeypatch.setattr(threading.Thread, "start", counting_start)
-    peer = FloodingFeedPeer()
+    peer = FloodingFeedPeer(_FLOOD)
     v = Verifier(Conn(peer.url, "rogue22-token"), offline=True, staleness_budget=30)
     try:
         v.start()

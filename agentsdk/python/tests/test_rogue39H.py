@@ -9,52 +9,13 @@ verifier late. A tombstone's drop time is now read once, as it arrives."""
 
 from __future__ import annotations
 
-import json
-import struct
 from datetime import datetime, timezone
 
 from conftest import require_extra
-from helpers import LoopbackPeer, QuietHandler
+from helpers import FloodingFeedPeer
 from tether_agentsdk import Conn, _wire
 
 _FLOOD = 400
-
-
-def _envelope(msg: dict) -> bytes:
-    data = json.dumps(msg).encode()
-    return struct.pack(">BI", 0, len(data)) + data
-
-
-class FloodingFeedPeer(LoopbackPeer):
-    """A control plane whose feed is a rogue's revocation flood: one
-    tombstone a message, as a loop of revocations comes. The key set is
-    empty."""
-
-    def __init__(self):
-        super().__init__()
-        peer = self
-
-        class Handler(QuietHandler):
-            protocol_version = "HTTP/1.0"
-
-            def do_GET(self):
-                self.answer_json({"keys": []})
-
-            def do_POST(self):
-                self.read_body()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/connect+json")
-                self.end_headers()
-                try:
-                    for n in range(1, _FLOOD + 1):
-                        self.wfile.write(_envelope({"headSequence": str(n), "tombstones": [
-                            {"grantId": f"g-{n}", "sequence": str(n), "dropAfter": "2999-01-01T00:00:00Z"}]}))
-                    self.wfile.flush()
-                    peer.closing.wait()
-                except OSError:
-                    pass
-
-        self.serve(Handler)
 
 
 def test_rogue39H_a_revocation_flood_costs_the_verifier_a_parse_per_tombstone_not_per_tombstone_held(monkeypatch):
@@ -69,7 +30,7 @@ def test_rogue39H_a_revocation_flood_costs_the_verifier_a_parse_per_tombstone_no
         return parse(text)
 
     monkeypatch.setattr(_wire, "parse_timestamp", counting)
-    peer = FloodingFeedPeer()
+    peer = FloodingFeedPeer(_FLOOD)
     v = Verifier(Conn(peer.url, "rogue39h-token"), offline=True, staleness_budget=60)
     try:
         v.start()
