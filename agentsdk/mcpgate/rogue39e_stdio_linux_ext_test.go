@@ -95,16 +95,7 @@ func alive(pid int) bool {
 // is still there once Close has returned and the call is recorded
 // ended.)
 func TestRogue39EStdioUpstreamsWorkerDoesNotOutliveTheRecordedCall(t *testing.T) {
-	w := newWorld(t, "mcp:*")
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	gw := gatewayOnClockWith(t, w, clock.NewManual(w.clk.Now()), nil, func(c *mcpgate.Config) {
-		c.Upstreams = []mcpgate.Upstream{{Name: "forks", Command: []string{exe}, Env: map[string]string{"MCPGATE_ROGUE39E_FORKS": dir}}}
-	})
-	endpoint := serveGateway(t, gw)
+	w, gw, endpoint, dir := forkingUpstreamGateway(t, false)
 
 	cs := connectAgent(t, endpoint, w.grant.Token, nil)
 	callCtx, leave := context.WithCancel(context.Background())
@@ -161,19 +152,10 @@ func TestRogue39EStdioUpstreamsWorkerDoesNotOutliveTheRecordedCall(t *testing.T)
 // killed as its connection closes, before the gateway starts it again.
 // (Fails, before that, because the worker is still there.)
 func TestRogue39EStdioUpstreamsWorkerDoesNotOutliveItsCrash(t *testing.T) {
-	w := newWorld(t, "mcp:*")
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	gw := gatewayOnClockWith(t, w, clock.NewManual(w.clk.Now()), nil, func(c *mcpgate.Config) {
-		c.Upstreams = []mcpgate.Upstream{{Name: "forks", Command: []string{exe}, Env: map[string]string{"MCPGATE_ROGUE39E_FORKS": dir, "MCPGATE_ROGUE39E_CRASHES": "1"}}}
-	})
-	endpoint := serveGateway(t, gw)
+	w, _, endpoint, dir := forkingUpstreamGateway(t, true)
 
 	cs := connectAgent(t, endpoint, w.grant.Token, nil)
-	_, err = cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "put", Arguments: map[string]any{}})
+	_, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "put", Arguments: map[string]any{}})
 	if rpcCode(err) != mcpgate.CodeUnavailable {
 		t.Fatalf("the call whose upstream exited mid-call: %v; want CodeUnavailable", err)
 	}
@@ -187,4 +169,26 @@ func TestRogue39EStdioUpstreamsWorkerDoesNotOutliveItsCrash(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) }) // should the test fail
 	testserver.WaitFor(t, guardWait, "the crashed upstream's worker to be gone", func() bool { return !alive(pid) })
+}
+
+// forkingUpstreamGateway starts a gateway whose one stdio upstream
+// ("forks") is this test binary run again as the rogue upstream that
+// hands its calls to a worker process, writing the worker's pid in dir;
+// crashes, it exits mid-call.
+func forkingUpstreamGateway(t *testing.T, crashes bool) (w *world, gw *mcpgate.Gateway, endpoint, dir string) {
+	t.Helper()
+	w = newWorld(t, "mcp:*")
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir = t.TempDir()
+	env := map[string]string{"MCPGATE_ROGUE39E_FORKS": dir}
+	if crashes {
+		env["MCPGATE_ROGUE39E_CRASHES"] = "1"
+	}
+	gw = gatewayOnClockWith(t, w, clock.NewManual(w.clk.Now()), nil, func(c *mcpgate.Config) {
+		c.Upstreams = []mcpgate.Upstream{{Name: "forks", Command: []string{exe}, Env: env}}
+	})
+	return w, gw, serveGateway(t, gw), dir
 }
