@@ -223,7 +223,7 @@ func StepLease(state LeaseView, in LeaseInput, out LeaseOutput) []any {
 		// lease that replaced its own: it shows the generation and its
 		// state only (controlplane's forParty).
 		if seen.Generation == s.Generation {
-			s = lapsed(s, seen)
+			s = lapsed(s, seen, in.Op)
 		}
 		next, outcome := judge(s, in, unknownLeaseID)
 		if outcome != out.Outcome || next.Generation != seen.Generation || next.State != seen.State {
@@ -241,7 +241,7 @@ func StepLease(state LeaseView, in LeaseInput, out LeaseOutput) []any {
 		// and the model has no clock: an answer that shows it tells it.
 		// Once expired, a generation never comes back (the model keeps
 		// it EXPIRED, so a later answer showing it live is impossible).
-		s = lapsed(s, seen)
+		s = lapsed(s, seen, in.Op)
 	}
 	seen.ClosedByResolve, seen.Acked, seen.Lapsed = s.ClosedByResolve, s.Acked, s.Lapsed
 	if in.Op == OpGet {
@@ -267,11 +267,14 @@ func StepLease(state LeaseView, in LeaseInput, out LeaseOutput) []any {
 // cancel request standing, closed UNRESOLVED on the coordinator's word
 // (the thirty-eighth pass). Once expired, a generation never comes back
 // (the model keeps it EXPIRED, so a later answer showing it live is
-// impossible).
-func lapsed(s, seen LeaseView) LeaseView {
+// impossible). A cancel request (op) answered with the generation closed
+// UNRESOLVED came after its clock ended it: the request closes it (judge).
+func lapsed(s, seen LeaseView, op LeaseOp) LeaseView {
 	live := s.State == offered || s.State == active
 	switch {
 	case seen.State == expired && live:
+		s.State, s.Lapsed = expired, true
+	case seen.State == terminal && seen.Result == unresolved && op == OpRequestCancel && !s.CancelRequested && live:
 		s.State, s.Lapsed = expired, true
 	case seen.State == terminal && seen.Result == unresolved && s.CancelRequested && (live || s.State == expired):
 		s.State, s.Lapsed = expired, true
