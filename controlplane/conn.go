@@ -318,13 +318,30 @@ func withDeadlines(limits ConnLimits, next http.Handler) http.Handler {
 // A stream whose request headers are larger than MaxStreamHeaderBytes, or
 // hold more than MaxStreamHeaderFields fields, is refused
 // (resource_exhausted) before it lifts anything: it would keep them for
-// its life.
+// its life. So is one whose request declares trailers (invalid_argument):
+// one Trailer field of 52 KB declared 9,000 names, which the request kept
+// as a map of them beside its headers, not counted by the bound (some
+// 850 KB of heap a stream), and the trailer fields sent later were kept
+// too (rogue39b test TestRogue39BAStreamCannotKeepDeclaredTrailers).
 func streamsUnbounded(stall time.Duration, next http.Handler) http.Handler {
 	streaming := streamingProcedures()
 	errw := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !streaming[r.URL.Path] {
 			next.ServeHTTP(w, r)
+			return
+		}
+		if n := len(r.Trailer); n > 0 {
+			// Declared trailers are kept for the stream's life: their
+			// names as Request.Trailer's keys, and whatever trailer
+			// fields the client sends later (up to --max-header-bytes,
+			// declared or not) in the HTTP/2 stream's own map. No
+			// stream of this server takes request trailers (Connect
+			// ends a client stream with a message, gRPC with
+			// END_STREAM); one that declares none has any it is sent
+			// dropped.
+			_ = errw.Write(w, r, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf(
+				"the streams of this server take no request trailers, and this request declares %d (its Trailer header); send it without one", n)))
 			return
 		}
 		if size, fields := headerList(r.Header); size > MaxStreamHeaderBytes || fields > MaxStreamHeaderFields {
