@@ -1221,6 +1221,30 @@ const AnswerBytesPerRequest = 256 << 10
 // on up to this many calls at once.
 const PreAuthRequests = 8
 
+// MaxDeclaredTrailers bounds the trailer names a request may declare (its
+// Trailer header). net/http takes that field out of the headers and keeps
+// the names as a map for the request's life (HTTP/2: in the stream
+// itself), made before any handler runs: one field of 52 KB, within
+// ConnLimits.MaxHeaderBytes, declared 9,000 names, some 850 KB of heap,
+// held while the request's answer waited to be written to a client that
+// grants no flow-control window — eight refusals on each connection
+// without a credential (PreAuthRequests), or an agent's answers over its
+// lineage's share. No call of the API takes request trailers (a stream
+// declaring any is refused: streamsUnbounded). A request declaring more is
+// answered 431 in headers alone, which flow control does not hold, so
+// that it ends at once (rogue39b test
+// TestRogue39BBRequestDeclaringManyTrailersIsNotKeptWaitingForItsAnswer).
+const MaxDeclaredTrailers = 8
+
+// refuseTrailers answers a request declaring more than MaxDeclaredTrailers
+// trailer names: 431, no body (its answer's headers end the stream), and
+// the connection closed after it (HTTP/2: GOAWAY).
+func refuseTrailers(w http.ResponseWriter) {
+	w.Header().Set("Connection", "close")
+	w.Header().Set("Content-Length", "0")
+	w.WriteHeader(http.StatusRequestHeaderFieldsTooLarge)
+}
+
 // preAuthBounded holds a connection to PreAuthRequests requests in flight
 // that were not admitted (see there); guards says which paths are RPCs the
 // auth Gate judges (the others are public and never admitted).
@@ -1228,6 +1252,10 @@ const PreAuthRequests = 8
 // count.
 func preAuthBounded(guards func(path string) bool, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(r.Trailer) > MaxDeclaredTrailers {
+			refuseTrailers(w)
+			return
+		}
 		c, _ := r.Context().Value(connKey{}).(*limitedConn)
 		if c == nil {
 			next.ServeHTTP(w, r)
