@@ -1236,13 +1236,27 @@ const PreAuthRequests = 8
 // TestRogue39BBRequestDeclaringManyTrailersIsNotKeptWaitingForItsAnswer).
 const MaxDeclaredTrailers = 8
 
-// refuseTrailers answers a request declaring more than MaxDeclaredTrailers
-// trailer names: 431, no body (its answer's headers end the stream), and
-// the connection closed after it (HTTP/2: GOAWAY).
-func refuseTrailers(w http.ResponseWriter) {
+// MaxRequestTarget bounds a request's target (its path and query, as
+// sent). A refusal waiting to be written drops its request's headers
+// (auth's Gate), but net/http keeps the target in the request (RequestURI,
+// and the URL parsed from it), and it may fill ConnLimits.MaxHeaderBytes
+// alone: eight refusals on each connection without a credential
+// (PreAuthRequests) each kept 60 KB of it while waiting to be written to a
+// client granting no flow-control window. No procedure, console page or
+// public endpoint has a target near this; a longer one is answered 414 in
+// headers alone, which flow control does not hold (rogue39b test
+// TestRogue39BCLongRequestTargetIsNotKeptWaitingForItsAnswer).
+const MaxRequestTarget = 8 << 10
+
+// refuseInHeaders answers a request whose target is longer than
+// MaxRequestTarget (414) or that declares more than MaxDeclaredTrailers
+// trailer names (431): the status, no body (its answer's headers end the
+// stream, whatever window the client grants), and the connection closed
+// after it (HTTP/2: GOAWAY).
+func refuseInHeaders(w http.ResponseWriter, status int) {
 	w.Header().Set("Connection", "close")
 	w.Header().Set("Content-Length", "0")
-	w.WriteHeader(http.StatusRequestHeaderFieldsTooLarge)
+	w.WriteHeader(status)
 }
 
 // preAuthBounded holds a connection to PreAuthRequests requests in flight
@@ -1252,8 +1266,12 @@ func refuseTrailers(w http.ResponseWriter) {
 // count.
 func preAuthBounded(guards func(path string) bool, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if len(r.Trailer) > MaxDeclaredTrailers {
-			refuseTrailers(w)
+		switch {
+		case len(r.RequestURI) > MaxRequestTarget:
+			refuseInHeaders(w, http.StatusRequestURITooLong)
+			return
+		case len(r.Trailer) > MaxDeclaredTrailers:
+			refuseInHeaders(w, http.StatusRequestHeaderFieldsTooLarge)
 			return
 		}
 		c, _ := r.Context().Value(connKey{}).(*limitedConn)

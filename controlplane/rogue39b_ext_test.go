@@ -140,49 +140,13 @@ func TestRogue39BBRequestDeclaringManyTrailersIsNotKeptWaitingForItsAnswer(t *te
 		{"an agent's call", "POST", tetherv1connect.AuthServiceWhoAmIProcedure, rogue.Credential},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			send := func(r *stallRogue, trailer string) uint32 {
-				r.mu.Lock()
-				defer r.mu.Unlock()
-				r.hbuf.Reset()
-				fields := [][2]string{{":method", tc.method}, {":scheme", "http"}, {":authority", "tether"}, {":path", tc.path}}
-				if tc.method == "POST" {
-					fields = append(fields, [2]string{"content-type", "application/json"})
-				}
-				if tc.cred != "" {
-					fields = append(fields, [2]string{"authorization", "Bearer " + tc.cred})
-				}
-				if trailer != "" {
-					fields = append(fields, [2]string{"trailer", trailer})
-				}
-				for _, kv := range fields {
-					_ = r.enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1], Sensitive: kv[0] == "trailer"})
-				}
-				// In frames of at most 16 KiB: a HEADERS, then CONTINUATIONs.
-				block := bytes.Clone(r.hbuf.Bytes())
-				const frame = 16 << 10
-				first := block[:min(frame, len(block))]
-				rest := block[len(first):]
-				id := r.next
-				r.next += 2
-				if err := r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: first, EndHeaders: len(rest) == 0, EndStream: true}); err != nil {
-					t.Fatal(err)
-				}
-				for len(rest) > 0 {
-					chunk := rest[:min(frame, len(rest))]
-					rest = rest[len(chunk):]
-					if err := r.fr.WriteContinuation(id, len(rest) == 0, chunk); err != nil {
-						t.Fatal(err)
-					}
-				}
-				return id
-			}
 			r := newStallRogue(t, addr)
 			defer r.c.Close()
 			// The same request declaring a few names still waits for the
 			// window its answer needs (flow control bounds it as before):
 			// the rogue is judged on what it declared, not on its window.
-			few := send(r, trailerNames(controlplane.MaxDeclaredTrailers))
-			many := send(r, trailerNames(9000))
+			few := sendRaw(t, r, tc.method, tc.path, tc.cred, [2]string{"trailer", trailerNames(controlplane.MaxDeclaredTrailers)})
+			many := sendRaw(t, r, tc.method, tc.path, tc.cred, [2]string{"trailer", trailerNames(9000)})
 			testserver.WaitFor(t, closeWait, "the stream declaring 9,000 trailers to end", func() bool {
 				_, ok := r.ended.Load(many)
 				return ok
@@ -191,6 +155,94 @@ func TestRogue39BBRequestDeclaringManyTrailersIsNotKeptWaitingForItsAnswer(t *te
 				if _, ok := r.ended.Load(few); ok {
 					t.Errorf("the call declaring %d trailers ended without the window its answer needs: it was not served", controlplane.MaxDeclaredTrailers)
 				}
+			}
+		})
+	}
+}
+
+// sendRaw sends a request, ended, of method to path with cred ("" for
+// none) and the header extra, its header block in frames of at most
+// 16 KiB (a HEADERS, then CONTINUATIONs), and returns its stream's id.
+func sendRaw(t *testing.T, r *stallRogue, method, path, cred string, extra [2]string) uint32 {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.hbuf.Reset()
+	fields := [][2]string{{":method", method}, {":scheme", "http"}, {":authority", "tether"}, {":path", path}}
+	if method == "POST" {
+		fields = append(fields, [2]string{"content-type", "application/json"})
+	}
+	if cred != "" {
+		fields = append(fields, [2]string{"authorization", "Bearer " + cred})
+	}
+	if extra[0] != "" {
+		fields = append(fields, extra)
+	}
+	for _, kv := range fields {
+		_ = r.enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1], Sensitive: len(kv[1]) > 1024})
+	}
+	block := bytes.Clone(r.hbuf.Bytes())
+	const frame = 16 << 10
+	first := block[:min(frame, len(block))]
+	rest := block[len(first):]
+	id := r.next
+	r.next += 2
+	if err := r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: first, EndHeaders: len(rest) == 0, EndStream: true}); err != nil {
+		t.Fatal(err)
+	}
+	for len(rest) > 0 {
+		chunk := rest[:min(frame, len(rest))]
+		rest = rest[len(chunk):]
+		if err := r.fr.WriteContinuation(id, len(rest) == 0, chunk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return id
+}
+
+// TestRogue39BCLongRequestTargetIsNotKeptWaitingForItsAnswer: a refusal
+// waiting to be written drops its request's headers (rogue32e test
+// TestRogue32EARefusalWaitingToBeWrittenDoesNotKeepItsHeaders), but not
+// its request-target, which net/http keeps in the request (RequestURI, and
+// the URL parsed from it) and which may fill --max-header-bytes on its
+// own: a client granting no window had eight refusals on each connection
+// without a credential (controlplane.PreAuthRequests) each keep 60 KB of
+// path or query while it waited to be written — a call to a path under a
+// tether service refused by the Gate, GET /healthz with a long query, a
+// 404 — the 480 KB a connection that test took away, over every
+// connection the server takes without a credential. No procedure, console
+// page or public endpoint has a target near controlplane.MaxRequestTarget
+// bytes; a request whose target is longer is now answered 414 in headers
+// alone (which flow control does not hold) before anything else is done
+// for it: its stream ends though the client grants no window.
+func TestRogue39BCLongRequestTargetIsNotKeptWaitingForItsAnswer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the tests that run real servers for long; make test and CI run them.")
+	}
+	srv := testserver.Start(t, testserver.WithClock(clock.NewManual(epoch)), func(cfg *controlplane.Config) {
+		cfg.Conn.PreAuthTimeout = time.Hour
+		cfg.Conn.WriteTimeout = time.Hour
+		cfg.Conn.ReadTimeout = time.Hour
+	})
+	addr := hostOf(t, srv.URL)
+	long := strings.Repeat("x", 60<<10)
+	for _, tc := range []struct{ name, method, path string }{
+		{"a call refused by the Gate", "POST", "/tether.v1.AgentService/" + long},
+		{"a public answer's query", "GET", "/healthz?" + long},
+		{"a page not found", "GET", "/" + long},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newStallRogue(t, addr)
+			defer r.c.Close()
+			// A short one still waits for the window its answer needs.
+			short := sendRaw(t, r, tc.method, tc.path[:controlplane.MaxRequestTarget], "not-a-credential", [2]string{})
+			id := sendRaw(t, r, tc.method, tc.path, "not-a-credential", [2]string{})
+			testserver.WaitFor(t, closeWait, "the stream of the long target to end", func() bool {
+				_, ok := r.ended.Load(id)
+				return ok
+			})
+			if _, ok := r.ended.Load(short); ok {
+				t.Errorf("the request of a %d-byte target ended without the window its answer needs: it was not served", controlplane.MaxRequestTarget)
 			}
 		})
 	}
