@@ -318,13 +318,30 @@ func withDeadlines(limits ConnLimits, next http.Handler) http.Handler {
 // A stream whose request headers are larger than MaxStreamHeaderBytes, or
 // hold more than MaxStreamHeaderFields fields, is refused
 // (resource_exhausted) before it lifts anything: it would keep them for
-// its life.
+// its life. So is one whose request declares trailers (invalid_argument):
+// one Trailer field of 52 KB declared 9,000 names, which the request kept
+// as a map of them beside its headers, not counted by the bound (some
+// 850 KB of heap a stream), and the trailer fields sent later were kept
+// too (rogue39b test TestRogue39BAStreamCannotKeepDeclaredTrailers).
 func streamsUnbounded(stall time.Duration, next http.Handler) http.Handler {
 	streaming := streamingProcedures()
 	errw := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !streaming[r.URL.Path] {
 			next.ServeHTTP(w, r)
+			return
+		}
+		if n := len(r.Trailer); n > 0 {
+			// Declared trailers are kept for the stream's life: their
+			// names as Request.Trailer's keys, and whatever trailer
+			// fields the client sends later (up to --max-header-bytes,
+			// declared or not) in the HTTP/2 stream's own map. No
+			// stream of this server takes request trailers (Connect
+			// ends a client stream with a message, gRPC with
+			// END_STREAM); one that declares none has any it is sent
+			// dropped.
+			_ = errw.Write(w, r, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf(
+				"the streams of this server take no request trailers, and this request declares %d (its Trailer header); send it without one", n)))
 			return
 		}
 		if size, fields := headerList(r.Header); size > MaxStreamHeaderBytes || fields > MaxStreamHeaderFields {
@@ -1204,6 +1221,44 @@ const AnswerBytesPerRequest = 256 << 10
 // on up to this many calls at once.
 const PreAuthRequests = 8
 
+// MaxDeclaredTrailers bounds the trailer names a request may declare (its
+// Trailer header). net/http takes that field out of the headers and keeps
+// the names as a map for the request's life (HTTP/2: in the stream
+// itself), made before any handler runs: one field of 52 KB, within
+// ConnLimits.MaxHeaderBytes, declared 9,000 names, some 850 KB of heap,
+// held while the request's answer waited to be written to a client that
+// grants no flow-control window — eight refusals on each connection
+// without a credential (PreAuthRequests), or an agent's answers over its
+// lineage's share. No call of the API takes request trailers (a stream
+// declaring any is refused: streamsUnbounded). A request declaring more is
+// answered 431 in headers alone, which flow control does not hold, so
+// that it ends at once (rogue39b test
+// TestRogue39BBRequestDeclaringManyTrailersIsNotKeptWaitingForItsAnswer).
+const MaxDeclaredTrailers = 8
+
+// MaxRequestTarget bounds a request's target (its path and query, as
+// sent). A refusal waiting to be written drops its request's headers
+// (auth's Gate), but net/http keeps the target in the request (RequestURI,
+// and the URL parsed from it), and it may fill ConnLimits.MaxHeaderBytes
+// alone: eight refusals on each connection without a credential
+// (PreAuthRequests) each kept 60 KB of it while waiting to be written to a
+// client granting no flow-control window. No procedure, console page or
+// public endpoint has a target near this; a longer one is answered 414 in
+// headers alone, which flow control does not hold (rogue39b test
+// TestRogue39BCLongRequestTargetIsNotKeptWaitingForItsAnswer).
+const MaxRequestTarget = 8 << 10
+
+// refuseInHeaders answers a request whose target is longer than
+// MaxRequestTarget (414) or that declares more than MaxDeclaredTrailers
+// trailer names (431): the status, no body (its answer's headers end the
+// stream, whatever window the client grants), and the connection closed
+// after it (HTTP/2: GOAWAY).
+func refuseInHeaders(w http.ResponseWriter, status int) {
+	w.Header().Set("Connection", "close")
+	w.Header().Set("Content-Length", "0")
+	w.WriteHeader(status)
+}
+
 // preAuthBounded holds a connection to PreAuthRequests requests in flight
 // that were not admitted (see there); guards says which paths are RPCs the
 // auth Gate judges (the others are public and never admitted).
@@ -1211,6 +1266,14 @@ const PreAuthRequests = 8
 // count.
 func preAuthBounded(guards func(path string) bool, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case len(r.RequestURI) > MaxRequestTarget:
+			refuseInHeaders(w, http.StatusRequestURITooLong)
+			return
+		case len(r.Trailer) > MaxDeclaredTrailers:
+			refuseInHeaders(w, http.StatusRequestHeaderFieldsTooLarge)
+			return
+		}
 		c, _ := r.Context().Value(connKey{}).(*limitedConn)
 		if c == nil {
 			next.ServeHTTP(w, r)
