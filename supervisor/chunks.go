@@ -1098,16 +1098,12 @@ func (c *markChunk) discover(n *tree.Node) error {
 	case ReachLeave:
 		e.Other = owner.ID
 		t.Counts.HandedOver++
-		if !slices.Contains(t.SupersededBy, owner.ID) {
-			t.SupersededBy = append(t.SupersededBy, owner.ID)
-		}
+		t.SupersededBy = noteNamed(t.SupersededBy, owner.ID)
 	case ReachTakeOver:
 		e.Other, e.State = owner.ID, tree.StateName(n.State)
 		*t = Inherit(*t, owner)
 		t.Counts.TakenOver++
-		if !slices.Contains(t.TookOverFrom, owner.ID) {
-			t.TookOverFrom = append(t.TookOverFrom, owner.ID)
-		}
+		t.TookOverFrom = noteNamed(t.TookOverFrom, owner.ID)
 		if c.taken[owner.ID] == nil {
 			c.taken[owner.ID] = map[string]bool{}
 		}

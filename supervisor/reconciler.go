@@ -87,7 +87,13 @@ func (s *Supervisor) Run(ctx context.Context) error { return s.loop().Run(ctx) }
 //     exit confirmed, those rooted below it (it may have confirmed a
 //     member's exit; a node never runs again once stopped, so a running
 //     node's change cannot turn a confirmation into a claim) — including
-//     every termination whose roots' ancestors are not known yet;
+//     every termination whose roots' ancestors are not known yet. Being
+//     stopped or confirmed is for good, so each termination rooted below
+//     is kicked once for it (aboveKicked), not by each later write of the
+//     node: a stopped rogue's heartbeat, every LastSeenEvery, kicked each
+//     of the stops it kept unfinished below itself, however many, a
+//     reconcile each (rogue39j test
+//     TestRogue39JAStoppedRoguesHeartbeatsDoNotKickTheStopsBelowIt);
 //   - anything it cannot read or place (a delete, a value it cannot
 //     decode, a key it does not know): every unfinished termination, as
 //     before.
@@ -106,7 +112,11 @@ type terminationKicks struct {
 	// byRoot: root node → the unfinished terminations rooted there;
 	// byAbove: node → the placed terminations with a root below it.
 	byRoot, byAbove map[string]map[string]bool
-	unplaced        map[string]bool
+	// aboveKicked: node → the terminations of byAbove[node] kicked since
+	// the node was seen stopped or its exit confirmed (each is kicked for
+	// that once; one placed later, at the node's next write).
+	aboveKicked map[string]map[string]bool
+	unplaced    map[string]bool
 }
 
 // kickPlace is where an unfinished termination's subtree is: its roots
@@ -121,6 +131,7 @@ func (k *terminationKicks) reset(ts []terminationPlace) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.active, k.byRoot, k.byAbove, k.unplaced = map[string]*kickPlace{}, map[string]map[string]bool{}, map[string]map[string]bool{}, map[string]bool{}
+	k.aboveKicked = map[string]map[string]bool{}
 	k.trees.Clear()
 	for _, t := range ts {
 		k.addLocked(t)
@@ -170,6 +181,7 @@ func (k *terminationKicks) removeLocked(id string) {
 	}
 	for _, a := range p.above {
 		removeFrom(k.byAbove, a, id)
+		removeFrom(k.aboveKicked, a, id)
 	}
 	delete(k.unplaced, id)
 	delete(k.active, id)
@@ -282,8 +294,17 @@ func (k *terminationKicks) changed(batch []store.Event, kick func(string), finis
 				kickSet(k.byRoot[a])
 			}
 			if n.State != tree.NodeStateRunning || tree.ExitConfirmed(&n) {
-				kickSet(k.byAbove[id])
+				for below := range k.byAbove[id] {
+					if !k.aboveKicked[id][below] {
+						addTo(k.aboveKicked, id, below)
+						kick(below)
+					}
+				}
 				kickSet(k.unplaced)
+			} else {
+				// (Not for good after all: its next stop or
+				// confirmation kicks them again.)
+				delete(k.aboveKicked, id)
 			}
 		case strings.HasPrefix(key, callKeyPrefix):
 			var c ledger.ToolCall

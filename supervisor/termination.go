@@ -226,7 +226,8 @@ type Termination struct {
 	// TookOverFrom and SupersededBy name, once each, the terminations this
 	// one took nodes over from and the ones that account for nodes of its
 	// subtree instead of it (an Indexed termination's TakenOver and
-	// HandedOver, by termination).
+	// HandedOver, by termination): the first MaxNamedTerminations of each
+	// (the subtree index and the record name each node's).
 	TookOverFrom []string `json:"took_over_from,omitempty"`
 	SupersededBy []string `json:"superseded_by,omitempty"`
 	// Cursor is how far the chunked step in progress has got (zero: none).
@@ -521,7 +522,8 @@ func (t Termination) HandedOverCount() int {
 	return len(t.HandedOver)
 }
 
-// TookOverFromIDs names, once each, the terminations t took nodes over from.
+// TookOverFromIDs names, once each, the terminations t took nodes over
+// from (the first MaxNamedTerminations).
 func (t Termination) TookOverFromIDs() []string {
 	if t.Indexed {
 		return t.TookOverFrom
@@ -530,7 +532,7 @@ func (t Termination) TookOverFromIDs() []string {
 }
 
 // SupersededByIDs names, once each, the terminations that account for
-// nodes of t's subtree instead of t.
+// nodes of t's subtree instead of t (the first MaxNamedTerminations).
 func (t Termination) SupersededByIDs() []string {
 	if t.Indexed {
 		return t.SupersededBy
@@ -541,9 +543,7 @@ func (t Termination) SupersededByIDs() []string {
 func handoffTerminations(hs []Handoff) []string {
 	var out []string
 	for _, h := range hs {
-		if !slices.Contains(out, h.TerminationID) {
-			out = append(out, h.TerminationID)
-		}
+		out = noteNamed(out, h.TerminationID)
 	}
 	return out
 }
@@ -558,9 +558,7 @@ func HandOver(t Termination, nodes map[string]bool, to string, now time.Time) Te
 		t.Counts.Members -= removed
 		t.MembersIntact = false
 		t.Counts.HandedOver += removed
-		if !slices.Contains(t.SupersededBy, to) {
-			t.SupersededBy = append(t.SupersededBy, to)
-		}
+		t.SupersededBy = noteNamed(t.SupersededBy, to)
 		t.Progress.Unconfirmed = max(0, t.Progress.Unconfirmed-removed)
 		t.UpdatedAt = now
 		return t
@@ -787,3 +785,25 @@ const MaxReasonBytes = 1024
 
 // MaxTerminationWindow bounds each of a termination's windows.
 const MaxTerminationWindow = 24 * time.Hour
+
+// MaxNamedTerminations bounds the other terminations a termination names
+// in TookOverFrom and in SupersededBy (and GetTermination answers with):
+// the first that many, each once. The subtree index keeps, node by node,
+// the termination each node was taken over from or left to, and the
+// record names it (inner_termination_id, superseded_by_termination_id).
+// Unbounded, the lists grew with the stops a rogue made of its own
+// subtree's nodes, which nothing bounds, each one in the stored value
+// every chunk rewrites, and searched per node the mark lists: about 40,000
+// of them passed the store's largest value, and the operator's stop that
+// took them over could no longer write its mark (rogue39j test
+// TestRogue39JManyOwnStopsDoNotGrowTheOperatorsTermination).
+const MaxNamedTerminations = 64
+
+// noteNamed adds id to ids once, while they name fewer than
+// MaxNamedTerminations.
+func noteNamed(ids []string, id string) []string {
+	if len(ids) >= MaxNamedTerminations || slices.Contains(ids, id) {
+		return ids
+	}
+	return append(ids, id)
+}

@@ -532,8 +532,9 @@ type Termination struct {
 	RolloutId string `protobuf:"bytes,16,opt,name=rollout_id,json=rolloutId,proto3" json:"rollout_id,omitempty"`
 	// Terminations this one took nodes over from (it superseded them for
 	// those nodes), and terminations that took nodes over from this one or
-	// that it left nodes to. Each node of the subtree is accounted for by
-	// exactly one termination; the records name the others.
+	// that it left nodes to: the first 64 of each, once each. Each node of
+	// the subtree is accounted for by exactly one termination; the records
+	// name the others, node by node.
 	TookOverFrom  []string `protobuf:"bytes,20,rep,name=took_over_from,json=tookOverFrom,proto3" json:"took_over_from,omitempty"`
 	SupersededBy  []string `protobuf:"bytes,21,rep,name=superseded_by,json=supersededBy,proto3" json:"superseded_by,omitempty"`
 	unknownFields protoimpl.UnknownFields

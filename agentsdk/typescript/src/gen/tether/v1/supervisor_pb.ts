@@ -159,8 +159,9 @@ export type Termination = Message<"tether.v1.Termination"> & {
   /**
    * Terminations this one took nodes over from (it superseded them for
    * those nodes), and terminations that took nodes over from this one or
-   * that it left nodes to. Each node of the subtree is accounted for by
-   * exactly one termination; the records name the others.
+   * that it left nodes to: the first 64 of each, once each. Each node of
+   * the subtree is accounted for by exactly one termination; the records
+   * name the others, node by node.
    *
    * @generated from field: repeated string took_over_from = 20;
    */
