@@ -104,7 +104,9 @@ export class TetherScope {
    * plane's refusal when the child's session cannot open (the subtree was
    * terminated in between), or when its delegation is refused or its join
    * fails (then after ending the child it spawned, best effort, so that no
-   * record counts it unaccounted).
+   * record counts it unaccounted). It rejects deadline_exceeded when the
+   * child's session does not open within the connection's timeoutMs (0:
+   * no bound), after stopping that session and claiming the child's exit.
    */
   async child(name: string, options: ChildOptions): Promise<TetherScope> {
     const spawned = await this.agent.spawn(name, options.labels);
@@ -127,10 +129,16 @@ export class TetherScope {
     const scope = new TetherScope(agent, this.gate, agent.capabilityToken(grant), this, this.#dial);
     scope.startSession();
     try {
-      await scope.#opened();
+      await scope.#opened(agent.conn.timeoutMs);
     } catch (err) {
       scope.#session?.stop.abort();
       await scope.#session?.done;
+      // A child whose session did not open in time was spawned, granted
+      // and joined, and will never run: its exit is claimed (best effort:
+      // a control plane out of reach refuses it too), as endUnused does.
+      if (err instanceof ConnectError && err.code === Code.DeadlineExceeded) {
+        await agent.confirmExit("never ran: its session did not open").catch(() => {});
+      }
       agent.close();
       throw err;
     }
@@ -154,14 +162,28 @@ export class TetherScope {
    * the session loop ended without opening one (its node terminated, or its
    * exit confirmed, between the join and the session): the session never
    * opens then, and a wait for it alone held a handoff, and the run behind
-   * it, for ever after the stop.
+   * it, for ever after the stop. With timeoutMs (the connection's; 0: none)
+   * it rejects deadline_exceeded once that passed without the session
+   * open: a session loop that cannot open one (a control plane out of
+   * reach, or a peer that holds the stream without its opening message)
+   * reconnects, or waits, for ever, and held the handoff with it.
    */
-  async #opened(): Promise<void> {
+  async #opened(timeoutMs = 0): Promise<void> {
     const session = this.#session;
     if (!session) return this.agent.opened;
     let open = false;
-    await Promise.race([this.agent.opened.then(() => (open = true)), session.done]);
-    if (!open) throw session.error ?? new ConnectError("the sub-agent's session ended before it opened", Code.Unavailable);
+    let ended = false;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const bound: Promise<void>[] = [];
+    if (timeoutMs > 0) bound.push(new Promise((resolve) => (timer = setTimeout(resolve, timeoutMs))));
+    try {
+      await Promise.race([this.agent.opened.then(() => (open = true)), session.done.then(() => (ended = true)), ...bound]);
+    } finally {
+      clearTimeout(timer);
+    }
+    if (open) return;
+    if (!ended) throw new ConnectError(`the sub-agent's session did not open within ${timeoutMs} ms`, Code.DeadlineExceeded);
+    throw session.error ?? new ConnectError("the sub-agent's session ended before it opened", Code.Unavailable);
   }
 
   /** The children spawned so far. */

@@ -117,6 +117,23 @@ MAX_EARLY_ORDERS = 1024
 # 16 MiB each) is for no call this gate could begin.
 _MAX_CALL_ID_BYTES = 256
 
+# The most of a cancel order's reason a gate keeps, in UTF-8 bytes: the
+# control plane's reasons are at most 1024 bytes (a termination's), and a
+# hostile peer's (up to a message's 16 MiB, held for each of up to
+# MAX_EARLY_ORDERS early orders, and the message of the ToolCallCancelled a
+# tool raises) is cut there. The Go and TypeScript gates keep no reason.
+_MAX_REASON_BYTES = 1024
+
+
+def _clip_reason(reason: object) -> str:
+    """A cancel order's reason as a gate keeps it: text, at most
+    _MAX_REASON_BYTES of UTF-8, cut at a character boundary."""
+    if not isinstance(reason, str):
+        return ""
+    if len(reason) * 4 <= _MAX_REASON_BYTES:
+        return reason
+    return reason.encode("utf-8", "replace")[:_MAX_REASON_BYTES].decode("utf-8", "ignore")
+
 #: How long a gate waits for the control plane's answer to a begin, an end
 #: or an acknowledgement, in seconds, when its connection's timeout is not
 #: shorter (the Go and TypeScript gates' 10 s): a begin under way is what
@@ -189,7 +206,7 @@ class ToolGate(StreamFollower):
                 backoff = 0.1
                 for order in stream:
                     if isinstance(order.get("callId"), str) and order["callId"]:
-                        self._order(order["callId"], str(order.get("reason", "")))
+                        self._order(order["callId"], _clip_reason(order.get("reason", "")))
                 if self._stop.is_set():
                     return
             except ConnectError as e:
