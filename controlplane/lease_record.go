@@ -46,39 +46,34 @@ func (c leaseCanceller) FinalizeHeldBy(ctx context.Context, holders []string, re
 }
 
 // cancelRequester reads, from l's evidence, who asked for the cancel its
-// holder acknowledged: the principal that signed the last accepted cancel
-// request of its generation (signed, as every request the API judges is),
-// "" when none did. Read only for an acknowledgement made before the
+// holder acknowledged: the principal that signed the cancel request of its
+// generation that was accepted (signed, as every request the API judges
+// is), "" when none did. Read only for an acknowledgement made before the
 // termination's request (the supervisor flags it as the stopped subtree's
-// claim when its own agent asked, markClaimsUnderStop): rare, and one
-// read of the job's log.
+// claim when its own agent asked, markClaimsUnderStop), and found as the
+// job's end is, by its anchor rows (coordinator.CancelRequestOf): a few of
+// the job's rows, not its whole history, which the holder makes as long as
+// it likes (thirty-ninth pass, rogue39c test).
 func (c leaseCanceller) cancelRequester(ctx context.Context, l lease.Lease) (string, error) {
-	rows, err := c.Coordinator.Evidence(ctx, l.JobID)
-	if err != nil {
+	r, found, err := c.Coordinator.CancelRequestOf(ctx, l)
+	if err != nil || !found {
 		return "", err
 	}
-	for i := len(rows) - 1; i >= 0; i-- {
-		r := rows[i]
-		if r.Message != lease.KindRequestCancel || r.Decision.Outcome != lease.OutcomeAccepted || r.Generation != l.Generation {
-			continue
-		}
-		// The decision quotes the request's reason: `… (reason "agent:n_…: …"); …`.
-		_, quoted, ok := strings.Cut(r.Reason, "(reason ")
-		if !ok {
-			return "", nil
-		}
-		q, err := strconv.QuotedPrefix(quoted)
-		if err != nil {
-			return "", nil
-		}
-		reason, err := strconv.Unquote(q)
-		if err != nil {
-			return "", nil
-		}
-		who, _ := lease.SignerOf(reason)
-		return who, nil
+	// The decision quotes the request's reason: `… (reason "agent:n_…: …"); …`.
+	_, quoted, ok := strings.Cut(r.Reason, "(reason ")
+	if !ok {
+		return "", nil
 	}
-	return "", nil
+	q, err := strconv.QuotedPrefix(quoted)
+	if err != nil {
+		return "", nil
+	}
+	reason, err := strconv.Unquote(q)
+	if err != nil {
+		return "", nil
+	}
+	who, _ := lease.SignerOf(reason)
+	return who, nil
 }
 
 // recordOutcome is how a reconciliation record reports a lease.

@@ -78,6 +78,41 @@ func (c *Coordinator) EndOfEach(ctx context.Context, leases []lease.Lease, fn fu
 	return nil
 }
 
+// CancelRequestOf returns the row of l's job at which the cancel request
+// l carries was accepted: the first of the job's rows whose lease carries
+// a cancel request (a request is never withdrawn, and a generation with one
+// is never replaced, so the rows before it carry none and every row after
+// does). found is false when l carries no request or no stored row is that
+// acceptance (a RequestCancel accepted for l's generation).
+//
+// Like EndOfEach it reads a few of the job's rows however long its history
+// (firstRowWhere): a termination's record asks it for each job whose holder
+// acknowledged a cancel before the stop, to name who asked
+// (controlplane), and a whole read of each such job's evidence held every
+// row the holder made it keep in memory (thirty-ninth pass, rogue39c
+// test).
+func (c *Coordinator) CancelRequestOf(ctx context.Context, l lease.Lease) (row Row, found bool, err error) {
+	if !l.CancelRequested || jobKeyIsReserved(l.JobID) {
+		return Row{}, false, nil
+	}
+	err = c.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
+		log, err := readLog(tx, l.JobID)
+		if err != nil {
+			return err
+		}
+		row, found, err = firstRowWhere(tx, l.JobID, log, func(r Row) bool { return r.CancelRequested })
+		if err != nil {
+			return fmt.Errorf("evidence of job %q: %w", l.JobID, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return Row{}, false, err
+	}
+	found = found && row.Message == lease.KindRequestCancel && row.Decision.Outcome == lease.OutcomeAccepted && row.Generation == l.Generation
+	return row, found, nil
+}
+
 // firstRowWhere is the first of job's rows for which holds, a predicate
 // that, once true, stays true for every later row. It searches the anchor
 // rows (row 1, then anchorEvery, 2·anchorEvery, …): doubling, then
