@@ -2,8 +2,10 @@ package controlplane
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -166,5 +168,105 @@ func TestRogue39CARoguesLongJobDoesNotMakeItsRecordReadItsWholeHistory(t *testin
 	}
 	if (with-without)*4 > whole {
 		t.Errorf("reading who asked for the cancel took %d bytes, more than a quarter of a whole read of the job's evidence (%d bytes): the record reads the rogue's whole history", with-without, whole)
+	}
+}
+
+// TestRogue39CARoguesManyAcknowledgedJobsDoNotReadTheEvidenceLogEach: the
+// same record of a stopped subtree whose holder acknowledged, before the
+// stop, the cancels its own rogue ancestor asked for on many jobs. Each
+// job's requester was read with a read of its own, and a read of one job
+// reads the whole shared evidence log (the newest commits' rows of every
+// job, up to a quarter of a megabyte): the record read the log once per
+// such job — what a job's end had cost before the twenty-third pass. Seen
+// failing before the fix (40 jobs: about forty reads of the log). The
+// requests are now found together, the log read once for many jobs, as
+// the jobs' ends are.
+func TestRogue39CARoguesManyAcknowledgedJobsDoNotReadTheEvidenceLogEach(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the rogue's many jobs; make test and CI run them.")
+	}
+	st, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	counted := &bytesReadStore{Store: st}
+	t0 := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	clk := clock.NewManual(t0)
+	c, err := coordinator.New(context.Background(), coordinator.Config{
+		Store: counted, Clock: clk, Policy: lease.DefaultPolicy(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)), MaxWait: time.Millisecond, Shards: 2,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-ran })
+	apply := func(m lease.Message, want lease.Outcome) {
+		t.Helper()
+		r, err := c.Apply(context.Background(), m)
+		if err != nil {
+			t.Fatalf("%T: %v", m, err)
+		}
+		if r.Decision.Outcome != want {
+			t.Fatalf("%T: %s, want %s", m, r.Decision, want)
+		}
+	}
+	const holder, rogue, jobs = "n_holder39c", "agent:n_rogue39c", 40
+	for i := range jobs {
+		job := fmt.Sprintf("job-39c-%02d", i)
+		cl := lease.Claim{JobID: job, LeaseID: "L-" + job, Generation: 1, HolderIdentity: holder}
+		apply(lease.Offer{JobID: job, LeaseID: cl.LeaseID, HolderIdentity: holder, LeaseDuration: 10 * time.Minute, Owner: "n_rogue39c"}, lease.OutcomeAccepted)
+		apply(lease.Ack{Claim: cl}, lease.OutcomeAccepted)
+		apply(lease.RequestCancel{JobID: job, Reason: rogue + ": stop it"}, lease.OutcomeAccepted)
+		apply(lease.CancelAck{Claim: cl}, lease.OutcomeAccepted)
+	}
+	// The newest commits fill the shared evidence log: another job's
+	// progress of 4 KiB values, a few commits of several rows each.
+	apply(lease.Offer{JobID: "other", LeaseID: "L-other", HolderIdentity: "n_other", LeaseDuration: 10 * time.Minute}, lease.OutcomeAccepted)
+	other := lease.Claim{JobID: "other", LeaseID: "L-other", Generation: 1, HolderIdentity: "n_other"}
+	apply(lease.Ack{Claim: other}, lease.OutcomeAccepted)
+	value := strings.Repeat("v", 4000)
+	seq := uint64(0)
+	for range 16 {
+		var wg sync.WaitGroup
+		for range 8 {
+			seq++
+			wg.Add(1)
+			c.Submit(lease.Progress{Claim: other, ProgressSequence: seq, ProgressValue: fmt.Sprint(seq, value)}, nil, func(coordinator.Result, error) { wg.Done() })
+		}
+		wg.Wait()
+	}
+	counted.read.Store(0)
+	if _, err := c.Evidence(context.Background(), "job-39c-00"); err != nil {
+		t.Fatal(err)
+	}
+	one := counted.read.Load() // the log and one short job's rows
+
+	finalize := func(stop time.Time) ([]supervisor.RecordLease, int64) {
+		t.Helper()
+		counted.read.Store(0)
+		got, _, err := leaseCanceller{c}.FinalizeHeldBy(context.Background(), []string{holder}, "stopping the subtree", supervisor.LeasePage{StopRequestedAt: stop})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != jobs {
+			t.Fatalf("%d record leases, want %d", len(got), jobs)
+		}
+		return got, counted.read.Load()
+	}
+	clk.Advance(time.Second)
+	finalize(t0)
+	_, without := finalize(t0)
+	got, with := finalize(clk.Now())
+	t.Logf("one job's evidence with the log: %d bytes; the record's reads of %d finalised jobs: %d bytes, %d with who asked for their cancels", one, jobs, without, with)
+	for _, l := range got {
+		if l.CancelRequestedBy != rogue || l.TerminalResult != supervisor.LeaseResultCancelled {
+			t.Fatalf("record lease %+v; want it CANCELLED, its cancel asked by %s", l, rogue)
+		}
+	}
+	if with-without > 4*one {
+		t.Errorf("reading who asked for the %d cancels took %d bytes, more than four reads of one job's evidence with the log (%d bytes each): the record reads the log once per job", jobs, with-without, one)
 	}
 }

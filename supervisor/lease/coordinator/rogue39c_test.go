@@ -7,11 +7,12 @@ import (
 
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/supervisor/lease"
+	"github.com/tetherhq/tether/supervisor/lease/coordinator"
 )
 
 // TestRogue39CCancelRequestOfIsTheAcceptedRequestOfTheGeneration: the row
 // a termination's record names the cancel's requester from
-// (CancelRequestOf, which reads a few anchor rows instead of the job's
+// (CancelRequestOfEach, which reads a few anchor rows instead of the job's
 // whole history) is the one a whole read finds — the accepted request of
 // the lease's generation — on a job that went through an earlier
 // generation, whose history is longer than several anchors before and
@@ -36,7 +37,16 @@ func TestRogue39CCancelRequestOfIsTheAcceptedRequestOfTheGeneration(t *testing.T
 	for range 140 {
 		h.apply(lease.Renew{Claim: c2, RenewSequence: 1})
 	}
-	none, found, err := h.c.CancelRequestOf(context.Background(), h.get(job))
+	requestOf := func(l lease.Lease) (coordinator.Row, bool, error) {
+		var row coordinator.Row
+		var found bool
+		err := h.c.CancelRequestOfEach(context.Background(), []lease.Lease{l}, func(_ lease.Lease, r coordinator.Row, ok bool) error {
+			row, found = r, ok
+			return nil
+		})
+		return row, found, err
+	}
+	none, found, err := requestOf(h.get(job))
 	if err != nil || found {
 		t.Fatalf("no request yet: found %v row %d (%v)", found, none.Number, err)
 	}
@@ -62,7 +72,7 @@ func TestRogue39CCancelRequestOfIsTheAcceptedRequestOfTheGeneration(t *testing.T
 	if want < 0 {
 		t.Fatal("no accepted request in a whole read")
 	}
-	got, found, err := h.c.CancelRequestOf(context.Background(), l)
+	got, found, err := requestOf(l)
 	if err != nil || !found || got.Number != rows[want].Number || got.Reason != rows[want].Reason {
 		t.Fatalf("found %v row %d %q (%v); a whole read of %d rows finds row %d %q", found, got.Number, got.Reason, err, len(rows), rows[want].Number, rows[want].Reason)
 	}
