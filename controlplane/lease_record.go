@@ -23,6 +23,7 @@ func (c leaseCanceller) FinalizeHeldBy(ctx context.Context, holders []string, re
 		return nil, false, err
 	}
 	out := make([]supervisor.RecordLease, len(ls))
+	var askers []lease.Lease
 	for i, l := range ls {
 		out[i] = supervisor.RecordLease{
 			JobID: l.JobID, LeaseID: l.LeaseID, LeaseGeneration: l.Generation, HolderIdentity: l.HolderIdentity,
@@ -31,13 +32,12 @@ func (c leaseCanceller) FinalizeHeldBy(ctx context.Context, holders []string, re
 		if l.CancelAck {
 			out[i].CancelAckedAt = l.CancelAckedAt
 			if l.CancelAckedAt.Before(page.StopRequestedAt) {
-				by, err := c.cancelRequester(ctx, l)
-				if err != nil {
-					return nil, false, fmt.Errorf("evidence of the cancel of job %s: %w", l.JobID, err)
-				}
-				out[i].CancelRequestedBy = by
+				askers = append(askers, l)
 			}
 		}
+	}
+	if err := readCancelRequesters(ctx, c.Coordinator, askers, out); err != nil {
+		return nil, false, fmt.Errorf("evidence of the cancels of the stopped nodes' jobs: %w", err)
 	}
 	if err := readEnds(ctx, c.Coordinator, ls, out); err != nil {
 		return nil, false, fmt.Errorf("evidence of the stopped nodes' jobs: %w", err)
@@ -45,40 +45,52 @@ func (c leaseCanceller) FinalizeHeldBy(ctx context.Context, holders []string, re
 	return out, more, nil
 }
 
-// cancelRequester reads, from l's evidence, who asked for the cancel its
-// holder acknowledged: the principal that signed the last accepted cancel
-// request of its generation (signed, as every request the API judges is),
-// "" when none did. Read only for an acknowledgement made before the
-// termination's request (the supervisor flags it as the stopped subtree's
-// claim when its own agent asked, markClaimsUnderStop): rare, and one
-// read of the job's log.
-func (c leaseCanceller) cancelRequester(ctx context.Context, l lease.Lease) (string, error) {
-	rows, err := c.Coordinator.Evidence(ctx, l.JobID)
+// readCancelRequesters fills, in out (the record's leases, by job id),
+// the CancelRequestedBy of each of ls — leases whose holder acknowledged
+// the cancel request before the termination's request — from the job's
+// evidence: the principal that signed the cancel request of its
+// generation that was accepted (signed, as every request the API judges
+// is), "" when none did. The supervisor flags the acknowledgement as the
+// stopped subtree's claim when its own agent asked (markClaimsUnderStop).
+// The requests are found as the jobs' ends are, by their anchor rows and
+// with one read of the evidence log for many jobs
+// (coordinator.CancelRequestOfEach): a few of each job's rows, not its
+// whole history, which the holder makes as long as it likes (thirty-ninth
+// pass, rogue39c tests).
+func readCancelRequesters(ctx context.Context, c *coordinator.Coordinator, ls []lease.Lease, out []supervisor.RecordLease) error {
+	if len(ls) == 0 {
+		return nil
+	}
+	at := make(map[string]int, len(out))
+	for i, l := range out {
+		at[l.JobID] = i
+	}
+	return c.CancelRequestOfEach(ctx, ls, func(l lease.Lease, r coordinator.Row, found bool) error {
+		if found {
+			out[at[l.JobID]].CancelRequestedBy = signerOfRequest(r)
+		}
+		return nil
+	})
+}
+
+// signerOfRequest is the principal that signed the accepted cancel
+// request r, "" when it is not signed.
+func signerOfRequest(r coordinator.Row) string {
+	// The decision quotes the request's reason: `… (reason "agent:n_…: …"); …`.
+	_, quoted, ok := strings.Cut(r.Reason, "(reason ")
+	if !ok {
+		return ""
+	}
+	q, err := strconv.QuotedPrefix(quoted)
 	if err != nil {
-		return "", err
+		return ""
 	}
-	for i := len(rows) - 1; i >= 0; i-- {
-		r := rows[i]
-		if r.Message != lease.KindRequestCancel || r.Decision.Outcome != lease.OutcomeAccepted || r.Generation != l.Generation {
-			continue
-		}
-		// The decision quotes the request's reason: `… (reason "agent:n_…: …"); …`.
-		_, quoted, ok := strings.Cut(r.Reason, "(reason ")
-		if !ok {
-			return "", nil
-		}
-		q, err := strconv.QuotedPrefix(quoted)
-		if err != nil {
-			return "", nil
-		}
-		reason, err := strconv.Unquote(q)
-		if err != nil {
-			return "", nil
-		}
-		who, _ := lease.SignerOf(reason)
-		return who, nil
+	reason, err := strconv.Unquote(q)
+	if err != nil {
+		return ""
 	}
-	return "", nil
+	who, _ := lease.SignerOf(reason)
+	return who
 }
 
 // recordOutcome is how a reconciliation record reports a lease.

@@ -911,10 +911,10 @@ func decodedRows(tx store.ReadTxn, job string, log []logRow) ([]Row, error) {
 	return rows, err
 }
 
-// evidenceEachJobs is how many jobs one read of EndOfEach covers: a
-// reader of one job reads the whole evidence log (up to its window's bytes
-// and the newest commit's), so a termination's record of thousands of
-// leases read it once per job before.
+// evidenceEachJobs is how many jobs one read of EndOfEach (and of
+// CancelRequestOfEach) covers: a reader of one job reads the whole
+// evidence log (up to its window's bytes and the newest commit's), so a
+// termination's record of thousands of leases read it once per job before.
 const evidenceEachJobs = 1024
 
 // EvidenceCursor is where a page of evidence starts: after row number

@@ -28,13 +28,33 @@ import (
 // The evidence log is read once per evidenceEachJobs jobs, not once per
 // job.
 func (c *Coordinator) EndOfEach(ctx context.Context, leases []lease.Lease, fn func(l lease.Lease, end Row, found bool) error) error {
-	type end struct {
+	return c.firstRowOfEach(ctx, leases, func(l lease.Lease) (func(Row) bool, func(Row) bool) {
+		// Monotone whatever happened since l was read: a terminal result
+		// never goes back to none, and a final one never goes back to
+		// UNRESOLVED. "carries l's result" is not, when an UNRESOLVED l
+		// was made final since.
+		carries := func(r Row) bool { return r.TerminalResult != lease.ResultUnspecified }
+		if l.TerminalResult != lease.ResultUnresolved {
+			carries = func(r Row) bool {
+				return r.TerminalResult != lease.ResultUnspecified && r.TerminalResult != lease.ResultUnresolved
+			}
+		}
+		return carries, func(r Row) bool { return r.TerminalResult == l.TerminalResult }
+	}, fn)
+}
+
+// firstRowOfEach calls fn, for each of leases, with the first of its job's
+// rows for which holds (firstRowWhere), found only when is holds for it
+// too; search gives both for a lease, holds nil to find none. The evidence
+// log is read once per evidenceEachJobs jobs, not once per job.
+func (c *Coordinator) firstRowOfEach(ctx context.Context, leases []lease.Lease, search func(l lease.Lease) (holds, is func(Row) bool), fn func(l lease.Lease, row Row, found bool) error) error {
+	type first struct {
 		row   Row
 		found bool
 	}
 	for start := 0; start < len(leases); start += evidenceEachJobs {
 		part := leases[start:min(start+evidenceEachJobs, len(leases))]
-		ends := make([]end, len(part))
+		rows := make([]first, len(part))
 		err := c.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
 			want := make(map[string]bool, len(part))
 			for _, l := range part {
@@ -49,20 +69,14 @@ func (c *Coordinator) EndOfEach(ctx context.Context, leases []lease.Lease, fn fu
 				logs[r.job] = append(logs[r.job], r)
 			}
 			for i, l := range part {
-				// Monotone whatever happened since l was read: a terminal
-				// result never goes back to none, and a final one never
-				// goes back to UNRESOLVED. "carries l's result" is not,
-				// when an UNRESOLVED l was made final since.
-				carries := func(r Row) bool { return r.TerminalResult != lease.ResultUnspecified }
-				if l.TerminalResult != lease.ResultUnresolved {
-					carries = func(r Row) bool {
-						return r.TerminalResult != lease.ResultUnspecified && r.TerminalResult != lease.ResultUnresolved
-					}
+				holds, is := search(l)
+				if holds == nil || jobKeyIsReserved(l.JobID) {
+					continue
 				}
-				if ends[i].row, ends[i].found, err = firstRowWhere(tx, l.JobID, logs[l.JobID], carries); err != nil {
+				if rows[i].row, rows[i].found, err = firstRowWhere(tx, l.JobID, logs[l.JobID], holds); err != nil {
 					return fmt.Errorf("evidence of job %q: %w", l.JobID, err)
 				}
-				ends[i].found = ends[i].found && ends[i].row.TerminalResult == l.TerminalResult
+				rows[i].found = rows[i].found && is(rows[i].row)
 			}
 			return nil
 		})
@@ -70,12 +84,37 @@ func (c *Coordinator) EndOfEach(ctx context.Context, leases []lease.Lease, fn fu
 			return err
 		}
 		for i, l := range part {
-			if err := fn(l, ends[i].row, ends[i].found); err != nil {
+			if err := fn(l, rows[i].row, rows[i].found); err != nil {
 				return err
 			}
 		}
 	}
 	return nil
+}
+
+// CancelRequestOfEach calls fn, for each of leases, with the row of its
+// job at which the cancel request the lease carries was accepted: the
+// first of the job's rows whose lease carries a cancel request (a request
+// is never withdrawn, and a generation with one is never replaced, so the
+// rows before it carry none and every row after does). found is false when
+// the lease carries no request or no stored row is that acceptance (a
+// RequestCancel accepted for the lease's generation).
+//
+// Like EndOfEach it reads a few of a job's rows however long its history
+// (firstRowWhere), and the evidence log once per evidenceEachJobs jobs: a
+// termination's record asks it of the jobs whose holder acknowledged a
+// cancel before the stop, to name who asked (controlplane). A whole read
+// of each such job's evidence, the log's included, held every row the
+// holder made it keep in memory (thirty-ninth pass, rogue39c tests).
+func (c *Coordinator) CancelRequestOfEach(ctx context.Context, leases []lease.Lease, fn func(l lease.Lease, request Row, found bool) error) error {
+	return c.firstRowOfEach(ctx, leases, func(l lease.Lease) (func(Row) bool, func(Row) bool) {
+		if !l.CancelRequested {
+			return nil, nil
+		}
+		return func(r Row) bool { return r.CancelRequested }, func(r Row) bool {
+			return r.Message == lease.KindRequestCancel && r.Decision.Outcome == lease.OutcomeAccepted && r.Generation == l.Generation
+		}
+	}, fn)
 }
 
 // firstRowWhere is the first of job's rows for which holds, a predicate
