@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import http.server
 import json
+import queue
 import struct
 import threading
 import time
@@ -141,3 +142,56 @@ class FloodingFeedPeer(LoopbackPeer):
                     pass
 
         self.serve(Handler)
+
+
+class HeldBeginPeer(LoopbackPeer):
+    """Answers a gate: its WatchCancels stays open and carries the bytes
+    the test puts on ``orders``; the first BeginCall is answered with
+    first_call_id, the second waits for ``begin_answer``."""
+
+    def __init__(self, first_call_id: str):
+        self.watching = threading.Event()
+        self.begins = 0
+        self.second_begun = threading.Event()
+        self.orders: queue.Queue = queue.Queue()
+        self.begin_answer: queue.Queue = queue.Queue()
+        self.lock = threading.Lock()
+        super().__init__()
+        peer = self
+
+        class Handler(QuietHandler):
+            def do_POST(self):
+                self.read_body()
+                method = self.path.rsplit("/", 1)[-1]
+                if method == "WatchCancels":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/connect+json")
+                    self.end_headers()
+                    self.wfile.flush()
+                    peer.watching.set()
+                    while not peer.closing.is_set():
+                        try:
+                            payload = peer.orders.get(timeout=0.1)
+                        except queue.Empty:
+                            continue
+                        self.wfile.write(payload)
+                        self.wfile.flush()
+                    return
+                if method == "BeginCall":
+                    with peer.lock:
+                        peer.begins += 1
+                        n = peer.begins
+                    if n == 1:
+                        answer = {"call": {"callId": first_call_id, "tool": "shell"}}
+                    else:
+                        peer.second_begun.set()
+                        answer = peer.begin_answer.get()
+                else:
+                    answer = {}
+                self.answer_json(answer)
+
+        self.serve(Handler)
+
+    def close(self) -> None:
+        self.begin_answer.put({})
+        super().close()

@@ -11,78 +11,17 @@ MaxReasonBytes): a gate now keeps at most that much of one."""
 
 from __future__ import annotations
 
-import json
-import queue
-import struct
 import threading
 
-from helpers import LoopbackPeer, QuietHandler
+from helpers import HeldBeginPeer, connect_envelope as _envelope
 from tether_agentsdk import Conn, ToolCallCancelled, ToolGate
 
 # The control plane's bound on a termination's reason (supervisor.MaxReasonBytes).
 _REASON_BYTES = 1024
 
 
-def _envelope(msg: dict) -> bytes:
-    data = json.dumps(msg).encode()
-    return struct.pack(">BI", 0, len(data)) + data
-
-
-class HeldBeginPeer(LoopbackPeer):
-    """WatchCancels carries what the test puts on ``orders``; the first
-    BeginCall is answered with call a, the second waits for
-    ``begin_answer``."""
-
-    def __init__(self):
-        self.watching = threading.Event()
-        self.begins = 0
-        self.second_begun = threading.Event()
-        self.orders: queue.Queue = queue.Queue()
-        self.begin_answer: queue.Queue = queue.Queue()
-        self.lock = threading.Lock()
-        super().__init__()
-        peer = self
-
-        class Handler(QuietHandler):
-            def do_POST(self):
-                self.read_body()
-                method = self.path.rsplit("/", 1)[-1]
-                if method == "WatchCancels":
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/connect+json")
-                    self.end_headers()
-                    self.wfile.flush()
-                    peer.watching.set()
-                    while not peer.closing.is_set():
-                        try:
-                            payload = peer.orders.get(timeout=0.1)
-                        except queue.Empty:
-                            continue
-                        self.wfile.write(payload)
-                        self.wfile.flush()
-                    return
-                if method == "BeginCall":
-                    with peer.lock:
-                        peer.begins += 1
-                        n = peer.begins
-                    if n == 1:
-                        answer = {"call": {"callId": "c-py-rogue39k-a", "tool": "shell"}}
-                    else:
-                        peer.second_begun.set()
-                        answer = peer.begin_answer.get()
-                else:
-                    answer = {}
-                self.answer_json(answer)
-
-        self.serve(Handler)
-
-    def close(self) -> None:
-        self.begin_answer.put({})
-        super().close()
-
-
 def test_rogue39K_a_gate_keeps_no_more_of_a_cancel_orders_reason_than_a_control_plane_sends():
-    peer = HeldBeginPeer()
+    peer = HeldBeginPeer("c-py-rogue39k-a")
     gate = ToolGate(Conn(peer.url, "rogue39k-tool-token"), "py-rogue39k-gate").start()
     outcomes: dict[str, object] = {}
     running = threading.Event()
