@@ -66,24 +66,7 @@ func TestRogue39CARoguesLongJobDoesNotMakeItsRecordReadItsWholeHistory(t *testin
 	if testing.Short() {
 		t.Skip("By design: -short skips the rogue's long evidence; make test and CI run them.")
 	}
-	st, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	counted := &bytesReadStore{Store: st}
-	t0 := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
-	clk := clock.NewManual(t0)
-	c, err := coordinator.New(context.Background(), coordinator.Config{
-		Store: counted, Clock: clk, Policy: lease.DefaultPolicy(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)), MaxWait: time.Millisecond, Shards: 2,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() { ran <- c.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-ran })
+	c, counted, clk, t0 := countedCoordinator(t)
 
 	apply := func(m lease.Message, want lease.Outcome) lease.Lease {
 		t.Helper()
@@ -185,24 +168,7 @@ func TestRogue39CARoguesManyAcknowledgedJobsDoNotReadTheEvidenceLogEach(t *testi
 	if testing.Short() {
 		t.Skip("By design: -short skips the rogue's many jobs; make test and CI run them.")
 	}
-	st, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	counted := &bytesReadStore{Store: st}
-	t0 := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
-	clk := clock.NewManual(t0)
-	c, err := coordinator.New(context.Background(), coordinator.Config{
-		Store: counted, Clock: clk, Policy: lease.DefaultPolicy(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)), MaxWait: time.Millisecond, Shards: 2,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() { ran <- c.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-ran })
+	c, counted, clk, t0 := countedCoordinator(t)
 	apply := func(m lease.Message, want lease.Outcome) {
 		t.Helper()
 		r, err := c.Apply(context.Background(), m)
@@ -269,4 +235,29 @@ func TestRogue39CARoguesManyAcknowledgedJobsDoNotReadTheEvidenceLogEach(t *testi
 	if with-without > 4*one {
 		t.Errorf("reading who asked for the %d cancels took %d bytes, more than four reads of one job's evidence with the log (%d bytes each): the record reads the log once per job", jobs, with-without, one)
 	}
+}
+
+// countedCoordinator runs a lease coordinator on a real Badger store whose
+// reads are counted (bytesReadStore), on a manual clock starting at t0.
+func countedCoordinator(t *testing.T) (c *coordinator.Coordinator, counted *bytesReadStore, clk *clock.Manual, t0 time.Time) {
+	t.Helper()
+	st, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	counted = &bytesReadStore{Store: st}
+	t0 = time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	clk = clock.NewManual(t0)
+	c, err = coordinator.New(context.Background(), coordinator.Config{
+		Store: counted, Clock: clk, Policy: lease.DefaultPolicy(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)), MaxWait: time.Millisecond, Shards: 2,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-ran })
+	return c, counted, clk, t0
 }
