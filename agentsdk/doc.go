@@ -46,7 +46,9 @@
 //     --tool-server NAME), never with an agent's credential: what a call's
 //     end or cancel acknowledgement says must not come from the agent.
 //   - Verifier checks capability tokens offline against JWKS and the
-//     revocation feed, and fails closed when the feed goes stale.
+//     revocation feed, and fails closed when the feed goes stale. On an
+//     agent's credential it follows that agent's tree only, and refuses
+//     another tree's token (ErrTreeNotFollowed).
 //   - Fence rejects side effects from an older lease generation and, with
 //     IssuedGenerations, from a generation without authority now. Behind
 //     a ToolGate on the same tool-server credential, IssuedGenerations

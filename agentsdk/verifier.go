@@ -55,16 +55,26 @@ const MaxCachedTokensPerHolder = 4
 // does not carry the scope the call needs.
 var ErrScopeNotGranted = errors.New("agentsdk: scope not granted")
 
+// ErrTreeNotFollowed is returned by Verify and Authorize when the verifier
+// follows one tree's revocations only (its Conn holds an agent's
+// credential) and the token is another tree's, or names no tree (minted
+// before tokens named theirs): the verifier never hears of that tree's
+// revocations, so it cannot tell whether the grant still lives. Verify
+// such tokens with a verifier that follows the whole feed (a tool
+// server's or an operator's token, a viewer's is enough).
+var ErrTreeNotFollowed = errors.New("agentsdk: the token's tree is not one this verifier follows")
+
 // VerifierConfig configures a Verifier.
 type VerifierConfig struct {
 	// Conn reaches the control plane: the key set is fetched from
 	// Conn.BaseURL + JWKSPath, and the revocation feed is followed with
 	// Conn's bearer token. A tool server verifying tokens from any agent
 	// uses an operator token (a viewer's is enough), which sees the whole
-	// feed; an agent credential sees only its own lineage's revocations,
-	// so it suits only a verifier of tokens from that lineage: a token of
-	// another tree still verifies (offline, its tree is not known), and
-	// after its revocation too, until it expires (docs/design.md §11).
+	// feed; an agent credential sees only its own tree's revocations, so
+	// it suits only a verifier of tokens from that tree: the feed names
+	// the tree it follows, and a token of another tree (its root claim),
+	// or of none, is refused with ErrTreeNotFollowed, since its revocation
+	// would never be heard.
 	Conn *Conn
 	// Issuer is the expected iss; default "tether".
 	Issuer string
@@ -107,7 +117,10 @@ type VerifierConfig struct {
 //  2. verifies the token, or finds it in the cache of tokens already
 //     verified (the cache skips only the signature and claim parsing);
 //  3. rejects a token past its exp, and one whose jti or any chain entry is
-//     tombstoned (capability.ErrGrantRevoked).
+//     tombstoned (capability.ErrGrantRevoked);
+//  4. when the feed follows one tree only (an agent's credential), rejects
+//     a token whose root claim names another tree, or none
+//     (ErrTreeNotFollowed).
 //
 // Run must be running for the feed to be followed; until its first
 // message arrives every call fails closed. A Verifier is safe for
@@ -139,6 +152,10 @@ type Verifier struct {
 	// whole. nil when no snapshot is under way. Only Run's goroutine
 	// touches it.
 	snapshot []capability.Tombstone
+	// tree is the root node id of the one tree the feed follows (the
+	// feed's tree_root), "" while it follows the whole feed. Set before
+	// the message that names it marks the feed fresh.
+	tree atomic.Pointer[string]
 	// applied, when set (tests), runs after each feed message is applied.
 	applied func(*tetherv1.WatchRevocationsResponse)
 }
@@ -238,7 +255,34 @@ func (v *Verifier) Verify(ctx context.Context, token string) (capability.Claims,
 	if err := v.Revoked(*claims); err != nil {
 		return capability.Claims{}, err
 	}
+	if err := v.follows(*claims); err != nil {
+		return capability.Claims{}, err
+	}
 	return *claims, nil
+}
+
+// Tree is the root node id of the one tree whose revocations the verifier
+// follows (its Conn holds an agent's credential), or "" when it follows the
+// whole feed or has heard nothing yet.
+func (v *Verifier) Tree() string {
+	if t := v.tree.Load(); t != nil {
+		return *t
+	}
+	return ""
+}
+
+// follows refuses a token of a tree the verifier does not follow
+// (ErrTreeNotFollowed): the feed it follows is one tree's, and the token's
+// root claim names another, or none.
+func (v *Verifier) follows(claims capability.Claims) error {
+	tree := v.Tree()
+	switch {
+	case tree == "" || claims.Root == tree:
+		return nil
+	case claims.Root == "":
+		return fmt.Errorf("%w: this verifier follows only tree %s's revocations (its connection holds an agent's credential), and the token for grant %s names no tree (minted before tokens named theirs; refresh it); verify it with a verifier that follows every tree (a tool server's or a viewer's token)", ErrTreeNotFollowed, tree, claims.GrantID)
+	}
+	return fmt.Errorf("%w: this verifier follows only tree %s's revocations (its connection holds an agent's credential), and grant %s is held in another tree, whose revocations it never hears of; verify it with a verifier that follows every tree (a tool server's or a viewer's token)", ErrTreeNotFollowed, tree, claims.GrantID)
 }
 
 // Identify checks a token's signature and expiry, but neither the
@@ -535,6 +579,11 @@ func (v *Verifier) apply(msg *tetherv1.WatchRevocationsResponse) error {
 		// the next stream resumes from the old position, and answers
 		// with a snapshot again).
 		v.snapshot = []capability.Tombstone{}
+	}
+	// The tree the feed follows, before the message marks it fresh: a
+	// verification that finds the feed fresh finds its tree too.
+	if tree := msg.TreeRoot; v.Tree() != tree {
+		v.tree.Store(&tree)
 	}
 	replaced := false
 	switch {

@@ -20,7 +20,7 @@ import (
 //
 // Decoding claims is the largest cost of a cold verification after the
 // signature, so UnmarshalJSON takes a fast path, without reflection, for
-// the claims Mint writes — one object of the nine known names, plain
+// the claims Mint writes — one object of the ten known names, plain
 // printable-ASCII strings, numbers — and hands everything else to
 // encoding/json. Either way the result is exactly what encoding/json
 // decodes into the same struct, once checkClaimNames has refused a known
@@ -37,6 +37,7 @@ type receivedClaims struct {
 	ID        string           `json:"jti"`
 	Chain     []string         `json:"chain"`
 	Scopes    []string         `json:"scopes"`
+	Root      string           `json:"root"`
 }
 
 // maxNumericDateSeconds bounds the seconds of a time claim (2^53, past
@@ -136,6 +137,9 @@ func (c *receivedClaims) decodePlain(data []byte) bool {
 		case "scopes":
 			bit = 1 << 8
 			c.Scopes, ok = s.strings()
+		case "root":
+			bit = 1 << 9
+			c.Root, ok = s.str()
 		default:
 			return false
 		}
@@ -288,7 +292,7 @@ func (s *plainScanner) digits() bool {
 }
 
 // knownClaimNames are the claim names a capability token is read by.
-var knownClaimNames = [...]string{"iss", "sub", "aud", "exp", "nbf", "iat", "jti", "chain", "scopes"}
+var knownClaimNames = [...]string{"iss", "sub", "aud", "exp", "nbf", "iat", "jti", "chain", "scopes", "root"}
 
 // checkClaimNames refuses a claims segment whose top-level object names a
 // known claim twice, or names one in another case ("SUB", "ſub" with

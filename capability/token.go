@@ -54,6 +54,11 @@ type Claims struct {
 	IssuedAt  time.Time
 	NotBefore time.Time
 	ExpiresAt time.Time
+	// Root is the root node of the holder's tree (the revocation feed's
+	// lineage), the root claim: a verifier that follows one tree's
+	// revocations refuses a token of another. Empty in a token minted
+	// before the thirty-ninth pass, or by Mint without a tree.
+	Root string
 	// KeyID is the kid the token was signed with.
 	KeyID string
 }
@@ -63,6 +68,7 @@ type capabilityClaims struct {
 	jwt.RegisteredClaims
 	Chain  []string `json:"chain"`
 	Scopes []string `json:"scopes"`
+	Root   string   `json:"root,omitempty"`
 }
 
 // Minter mints capability tokens. The zero value is unusable; use NewMinter.
@@ -90,6 +96,19 @@ func NewMinter(issuer, audience string) (Minter, error) {
 // over the stored chain and the tombstone set — because the stored state of
 // descendants is marked asynchronously.
 func (m Minter) Mint(ring KeyRing, g Grant, now time.Time, ttl time.Duration) (token string, expiresAt time.Time, err error) {
+	return m.MintInTree(ring, g, "", now, ttl)
+}
+
+// MintInTree is Mint for a holder in the tree whose root node is root: the
+// token carries it as its root claim (Claims.Root), so that a verifier
+// following only one tree's revocations can refuse another tree's tokens.
+// An empty root writes no claim.
+func (m Minter) MintInTree(ring KeyRing, g Grant, root string, now time.Time, ttl time.Duration) (token string, expiresAt time.Time, err error) {
+	if root != "" {
+		if err := ValidateID("root", root); err != nil {
+			return "", time.Time{}, err
+		}
+	}
 	if m.issuer == "" || m.audience == "" {
 		return "", time.Time{}, fmt.Errorf("%w: minter has no issuer or audience", ErrInvalidConfig)
 	}
@@ -130,6 +149,7 @@ func (m Minter) Mint(ring KeyRing, g Grant, now time.Time, ttl time.Duration) (t
 		},
 		Chain:  chain,
 		Scopes: g.Scopes,
+		Root:   root,
 	}
 	token, err = SignJWT(ring, claims, now)
 	if err != nil {
@@ -425,6 +445,11 @@ func capabilityFromWire(w receivedClaims) (Claims, error) {
 	if err := validateChain(w.ID, w.Chain); err != nil {
 		return Claims{}, fmt.Errorf("%w: %v", ErrTokenClaims, err)
 	}
+	if w.Root != "" {
+		if err := idProblem("root", w.Root); err != nil {
+			return Claims{}, fmt.Errorf("%w: %v", ErrTokenClaims, err)
+		}
+	}
 	if len(w.Scopes) == 0 || len(w.Scopes) > MaxScopes {
 		return Claims{}, fmt.Errorf("%w: %d scopes is outside [1, %d]", ErrTokenClaims, len(w.Scopes), MaxScopes)
 	}
@@ -445,6 +470,7 @@ func capabilityFromWire(w receivedClaims) (Claims, error) {
 		HolderNodeID: w.Subject,
 		Chain:        slices.Clip(w.Chain),
 		Scopes:       slices.Clip(w.Scopes),
+		Root:         w.Root,
 		IssuedAt:     iat,
 		NotBefore:    nbf,
 		ExpiresAt:    exp,

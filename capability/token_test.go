@@ -147,7 +147,7 @@ func TestMintVerifyRoundTrip(t *testing.T) {
 }
 
 func claimsEqual(a, b capability.Claims) bool {
-	return a.GrantID == b.GrantID && a.HolderNodeID == b.HolderNodeID && a.KeyID == b.KeyID &&
+	return a.GrantID == b.GrantID && a.HolderNodeID == b.HolderNodeID && a.KeyID == b.KeyID && a.Root == b.Root &&
 		slices.Equal(a.Chain, b.Chain) && slices.Equal(a.Scopes, b.Scopes) &&
 		a.IssuedAt.Equal(b.IssuedAt) && a.NotBefore.Equal(b.NotBefore) && a.ExpiresAt.Equal(b.ExpiresAt)
 }

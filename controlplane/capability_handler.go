@@ -274,7 +274,8 @@ func (c *capabilityService) holderMayAct(ctx context.Context, holder string, ver
 // WatchRevocations streams the revocation feed; see grantstore's package
 // documentation for the protocol. Operators and tool servers get the whole
 // feed. An agent gets only its own lineage's tombstones (the grants held in
-// its tree), with the reason and the holder only for grants held by itself
+// its tree), each message naming that tree (tree_root: a verifier following
+// it refuses another tree's tokens, whose revocations it never hears of), with the reason and the holder only for grants held by itself
 // or an ancestor — the subtree the revocation affects; the sequence numbers
 // and heads are the feed's, so its position and snapshots work as for
 // anyone. The feed walks an agent's lineage's tombstones apart from the
@@ -314,7 +315,7 @@ func (c *capabilityService) WatchRevocations(ctx context.Context, req *connect.R
 		if err != nil {
 			return toConnect(err)
 		}
-		msg := &tetherv1.WatchRevocationsResponse{HeadSequence: head, ServerTime: timestamppb.New(c.s.cfg.Clock.Now())}
+		msg := &tetherv1.WatchRevocationsResponse{HeadSequence: head, ServerTime: timestamppb.New(c.s.cfg.Clock.Now()), TreeRoot: view.Root()}
 		for _, t := range batch {
 			if t, ok := show(t); ok {
 				msg.Tombstones = append(msg.Tombstones, wire.Tombstone(t))
@@ -340,6 +341,7 @@ func (c *capabilityService) WatchRevocations(ctx context.Context, req *connect.R
 			ServerTime:   timestamppb.New(m.ServerTime),
 			Snapshot:     m.Snapshot,
 			Continues:    m.Continues,
+			TreeRoot:     view.Root(),
 		}
 		for _, t := range m.Tombstones {
 			if t, ok := show(t); ok {

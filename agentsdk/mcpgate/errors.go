@@ -63,6 +63,7 @@ func verifierRefusal(err error) *jsonrpc.Error {
 	case errors.Is(err, capability.ErrFeedStale):
 		return rpcError(CodeUnavailable, "the gateway has not heard the control plane's revocation feed recently, so it refuses every call until it does (%v)", err)
 	case errors.Is(err, agentsdk.ErrScopeNotGranted),
+		errors.Is(err, agentsdk.ErrTreeNotFollowed),
 		errors.Is(err, capability.ErrGrantRevoked),
 		errors.Is(err, capability.ErrTokenExpired):
 		return rpcError(CodeDenied, "%v", err)

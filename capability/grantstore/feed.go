@@ -212,6 +212,10 @@ func LineageFeed(root string) View { return View{lineage: root, one: true} }
 // Whole says whether v is the whole feed.
 func (v View) Whole() bool { return !v.one }
 
+// Root is the root node id of the one tree v follows, "" for the whole
+// feed.
+func (v View) Root() string { return v.lineage }
+
 // RunFeed keeps the in-memory feed and tombstone set in step with the
 // stored feed until ctx ends: it establishes a store watch, scans, then
 // applies the watch's events above the scan's revision. A watch that falls

@@ -241,9 +241,19 @@ func (s *Service) IssueRoot(ctx context.Context, caller Caller, req RootRequest)
 	if err != nil {
 		return Issued{}, err
 	}
+	// The holder's tree, for the token's root claim (a node's ancestors
+	// never change; the write below checks it is running).
+	var root string
+	if err := s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
+		var err error
+		root, err = s.lineageOf(tx, req.HolderNodeID)
+		return err
+	}); err != nil {
+		return Issued{}, err
+	}
 	// Minted before the write, so a signing failure changes nothing; it is
 	// returned only once the grant is durable.
-	token, exp, err := s.minter.Mint(s.cfg.Keys(), g, now, s.cfg.TokenTTL)
+	token, exp, err := s.minter.MintInTree(s.cfg.Keys(), g, root, now, s.cfg.TokenTTL)
 	if err != nil {
 		return Issued{}, err
 	}
@@ -295,6 +305,7 @@ func (s *Service) Delegate(ctx context.Context, caller Caller, req DelegateReque
 		now := s.cfg.Clock.Now()
 		var (
 			g     capability.Grant
+			root  string
 			reads *reader
 		)
 		err := s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
@@ -341,6 +352,10 @@ func (s *Service) Delegate(ctx context.Context, caller Caller, req DelegateReque
 			if err := s.running(tx, holder, "holder_node_id"); err != nil {
 				return err
 			}
+			root = holder.NodeID
+			if len(holder.Ancestors) > 0 {
+				root = holder.Ancestors[0]
+			}
 			g, err = capability.Delegate(parent, capability.DelegateRequest{
 				GrantID: grantID, Issuer: caller.Principal, HolderNodeID: req.HolderNodeID, Scopes: req.Scopes, TTL: req.TTL,
 			}, holder.Ancestors, now)
@@ -349,7 +364,7 @@ func (s *Service) Delegate(ctx context.Context, caller Caller, req DelegateReque
 		if err != nil {
 			return Issued{}, err
 		}
-		token, exp, err := s.minter.Mint(s.cfg.Keys(), g, now, s.cfg.TokenTTL)
+		token, exp, err := s.minter.MintInTree(s.cfg.Keys(), g, root, now, s.cfg.TokenTTL)
 		if err != nil {
 			return Issued{}, err
 		}
@@ -402,7 +417,10 @@ func (s *Service) Refresh(ctx context.Context, caller Caller, grantID string) (I
 		return Issued{}, err
 	}
 	now := s.cfg.Clock.Now()
-	var g capability.Grant
+	var (
+		g    capability.Grant
+		root string
+	)
 	err := s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
 		reads := newReader(tx)
 		var ok bool
@@ -437,6 +455,10 @@ func (s *Service) Refresh(ctx context.Context, caller Caller, grantID string) (I
 		if err != nil {
 			return err
 		}
+		root = n.NodeID
+		if len(n.Ancestors) > 0 {
+			root = n.Ancestors[0]
+		}
 		// A node being stopped (draining, aborting), stopped or exited
 		// gets no fresh token, from anyone: draining refuses new tool
 		// calls, and at a tool that checks tokens offline (never asking
@@ -459,7 +481,7 @@ func (s *Service) Refresh(ctx context.Context, caller Caller, grantID string) (I
 	if err != nil {
 		return Issued{}, err
 	}
-	token, exp, err := s.minter.Mint(s.cfg.Keys(), g, now, s.cfg.TokenTTL)
+	token, exp, err := s.minter.MintInTree(s.cfg.Keys(), g, root, now, s.cfg.TokenTTL)
 	if err != nil {
 		return Issued{}, err
 	}

@@ -30,7 +30,8 @@ export type TokenErrorKind =
   | "token_issuer"
   | "token_audience"
   | "token_claims"
-  | "scope_not_granted";
+  | "scope_not_granted"
+  | "tree_not_followed";
 
 /** A refused token. The message names the grant or claim, never the token. */
 export class TokenError extends Error {
@@ -56,6 +57,13 @@ export interface Claims {
   notBefore: Date;
   expiresAt: Date;
   keyId: string;
+  /**
+   * The root claim: the root node id of the holder's tree, "" in a token
+   * minted before tokens named their tree. A verifier following one tree's
+   * revocations (an agent's credential) refuses a token of another
+   * ("tree_not_followed").
+   */
+  root: string;
 }
 
 /** Finds the public key for a kid, or undefined when unknown. */
@@ -140,7 +148,7 @@ function parseObject(bytes: Buffer, what: string): Record<string, unknown> {
 }
 
 /** The claim names a capability token is read by. */
-const knownClaimNames = ["iss", "sub", "aud", "exp", "nbf", "iat", "jti", "chain", "scopes"];
+const knownClaimNames = ["iss", "sub", "aud", "exp", "nbf", "iat", "jti", "chain", "scopes", "root"];
 
 /**
  * The names of a valid JSON object's own members, in order, decoded.
@@ -277,6 +285,10 @@ export function verifyToken(token: string, keys: KeyLookup, nowMs: number, optio
     if (id === grantId) throw new TokenError("token_claims", "chain contains the grant itself");
     if (chain.indexOf(id) !== i) throw new TokenError("token_claims", "chain repeats a grant id");
   });
+  const root = claims.root ?? "";
+  if (typeof root !== "string") throw new TokenError("token_claims", "root must be a string");
+  const rootProblem = root === "" ? undefined : idProblem("root", root);
+  if (rootProblem) throw new TokenError("token_claims", rootProblem);
   const scopes = stringList(claims, "scopes");
   if (scopes.length === 0 || scopes.length > MaxScopes) throw new TokenError("token_claims", `${scopes.length} scopes is outside [1, ${MaxScopes}]`);
   if (!scopes.every(validScope)) throw new TokenError("token_claims", "a scope is malformed");
@@ -293,6 +305,7 @@ export function verifyToken(token: string, keys: KeyLookup, nowMs: number, optio
     notBefore: new Date(nbf * 1000),
     expiresAt: new Date(exp * 1000),
     keyId: kid,
+    root,
   };
 }
 

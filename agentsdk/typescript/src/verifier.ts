@@ -36,6 +36,11 @@ export interface VerifierOptions {
    * Reaches the control plane: the key set is fetched from
    * conn.baseUrl + JwksPath, and the revocation feed is followed with
    * conn's bearer token (any reader: a viewer token or an agent credential).
+   * An agent credential follows only its own tree's revocations (the feed
+   * names it): a token of another tree, or of none, is refused
+   * ("tree_not_followed"), since its revocation would never be heard. A
+   * tool other trees' agents reach verifies with a viewer's or tool
+   * server's token, which follows the whole feed.
    */
   conn: Conn;
   /** The expected iss; default "tether". */
@@ -85,7 +90,10 @@ interface Tombstone {
  *  2. verifies the token, or finds it in the cache of tokens already
  *     verified (the cache skips only the signature and claim parsing);
  *  3. rejects a token past its exp, and one whose jti or any chain entry
- *     is tombstoned ("grant_revoked").
+ *     is tombstoned ("grant_revoked");
+ *  4. when the feed follows one tree only (an agent's credential), rejects
+ *     a token whose root claim names another tree, or none
+ *     ("tree_not_followed").
  *
  * {@link Verifier.run} must be running for the feed to be followed; until
  * its first message arrives every call fails closed.
@@ -105,6 +113,8 @@ export class Verifier {
   #fetching?: Promise<void>;
   #tombstones = new Map<string, Tombstone>();
   #head = 0n;
+  /** The root node id of the one tree the feed follows (its tree_root), "" for the whole feed. */
+  #tree = "";
   #syncedAt?: number;
   /**
    * Where the feed's age is measured: a monotonic clock (performance.now)
@@ -164,6 +174,15 @@ export class Verifier {
     return this.#ready;
   }
 
+  /**
+   * The root node id of the one tree whose revocations the verifier
+   * follows (its conn holds an agent's credential), or "" when it follows
+   * the whole feed or has heard nothing yet.
+   */
+  get tree(): string {
+    return this.#tree;
+  }
+
   /** The last feed sequence applied. */
   get head(): bigint {
     return this.#head;
@@ -197,6 +216,17 @@ export class Verifier {
     const via = this.#revokedVia(claims);
     if (via === claims.grantId) throw new TokenError("grant_revoked", `grant ${claims.grantId} is revoked`);
     if (via) throw new TokenError("grant_revoked", `grant ${claims.grantId} is revoked via ancestor grant ${via}`);
+    const tree = this.#tree;
+    if (tree !== "" && claims.root !== tree) {
+      const why =
+        claims.root === ""
+          ? `the token for grant ${claims.grantId} names no tree (minted before tokens named theirs; refresh it)`
+          : `grant ${claims.grantId} is held in another tree, whose revocations it never hears of`;
+      throw new TokenError(
+        "tree_not_followed",
+        `this verifier follows only tree ${tree}'s revocations (its connection holds an agent's credential), and ${why}; verify it with a verifier that follows every tree (a tool server's or a viewer's token)`,
+      );
+    }
     return claims;
   }
 
@@ -370,6 +400,8 @@ export class Verifier {
       dropAfterMs: dateOf(t.dropAfter).getTime(),
     }));
     if (tombstones.some((t) => t.grantId === "")) throw new Error("a tombstone without a grant id");
+    // The tree the feed follows, before the message marks it fresh.
+    this.#tree = msg.treeRoot;
     // A new copy starts with a snapshot's first message (one cut off by
     // a broken stream was dropped with it).
     if (msg.snapshot) this.#snapshot = [];

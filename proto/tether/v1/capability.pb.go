@@ -1316,7 +1316,13 @@ type WatchRevocationsResponse struct {
 	// after it up to and including the first that does not continue; a
 	// verifier replaces its set only then, keeping its old set (and adding
 	// the snapshot's tombstones to it) until that message arrives.
-	Continues     bool `protobuf:"varint,5,opt,name=continues,proto3" json:"continues,omitempty"`
+	Continues bool `protobuf:"varint,5,opt,name=continues,proto3" json:"continues,omitempty"`
+	// The tree this feed follows, named by its root node id, when it follows
+	// one tree only (an agent's credential: its own tree's revocations);
+	// empty for the whole feed. A verifier following one tree refuses a
+	// token whose root claim names another tree, or none: it never hears
+	// of that tree's revocations.
+	TreeRoot      string `protobuf:"bytes,6,opt,name=tree_root,json=treeRoot,proto3" json:"tree_root,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1384,6 +1390,13 @@ func (x *WatchRevocationsResponse) GetContinues() bool {
 		return x.Continues
 	}
 	return false
+}
+
+func (x *WatchRevocationsResponse) GetTreeRoot() string {
+	if x != nil {
+		return x.TreeRoot
+	}
+	return ""
 }
 
 var File_tether_v1_capability_proto protoreflect.FileDescriptor
@@ -1486,7 +1499,7 @@ const file_tether_v1_capability_proto_rawDesc = "" +
 	"drop_after\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tdropAfter\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x12$\n" +
 	"\x0eholder_node_id\x18\x06 \x01(\tR\fholderNodeId\x12\x18\n" +
-	"\alineage\x18\a \x01(\tR\alineage\"\xec\x01\n" +
+	"\alineage\x18\a \x01(\tR\alineage\"\x89\x02\n" +
 	"\x18WatchRevocationsResponse\x124\n" +
 	"\n" +
 	"tombstones\x18\x01 \x03(\v2\x14.tether.v1.TombstoneR\n" +
@@ -1495,7 +1508,8 @@ const file_tether_v1_capability_proto_rawDesc = "" +
 	"\vserver_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"serverTime\x12\x1a\n" +
 	"\bsnapshot\x18\x04 \x01(\bR\bsnapshot\x12\x1c\n" +
-	"\tcontinues\x18\x05 \x01(\bR\tcontinues*s\n" +
+	"\tcontinues\x18\x05 \x01(\bR\tcontinues\x12\x1b\n" +
+	"\ttree_root\x18\x06 \x01(\tR\btreeRoot*s\n" +
 	"\n" +
 	"GrantState\x12\x1b\n" +
 	"\x17GRANT_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +

@@ -19,7 +19,7 @@ from .fence import (
 from .leaseworker import CANCELLED, FAILED, SUCCESS, AckRefused, Job, LeaseWorker, Spooled, WorkerClosed
 from .toolgate import CAPABILITY_HEADER, GateCall, ToolCallCancelled, ToolGate, ToolRefused, current_call, tool_gate
 from .verifier import (
-    HAVE_CRYPTOGRAPHY, Claims, FeedStale, GrantRevoked, ScopeNotGranted, TokenExpired, TokenInvalid, Verifier,
+    HAVE_CRYPTOGRAPHY, Claims, FeedStale, GrantRevoked, ScopeNotGranted, TokenExpired, TokenInvalid, TreeNotFollowed, Verifier,
     VerifyError, allows,
 )
 
@@ -29,7 +29,7 @@ __all__ = [
     "Aborted", "AckRefused", "Agent", "DEFAULT_RETRY", "Retry", "CANCELLED", "CAPABILITY_HEADER", "Child", "Claims", "ConnectError", "Conn",
     "FAILED", "FeedStale", "Fence", "Fenced", "HEADER_JOB_ID", "HEADER_LEASE_GENERATION", "UnissuedGeneration",
     "issued_generations", "Authority", "NoAuthority", "GateCall", "Grant", "GrantRevoked", "HAVE_CRYPTOGRAPHY", "Job", "LeaseWorker",
-    "SUCCESS", "ScopeNotGranted", "ServerStream", "Signal", "Spooled", "TokenExpired", "TokenInvalid",
+    "SUCCESS", "ScopeNotGranted", "ServerStream", "Signal", "Spooled", "TokenExpired", "TokenInvalid", "TreeNotFollowed",
     "TokenSource", "ToolCallCancelled", "ToolGate", "ToolRefused", "Verifier", "VerifyError", "allows",
     "current_call", "list_subtree", "tool_gate", "WorkerClosed",
 ]

@@ -74,6 +74,14 @@ class ScopeNotGranted(VerifyError):
     """A valid, unrevoked token without the scope the call needs."""
 
 
+class TreeNotFollowed(VerifyError):
+    """The verifier follows one tree's revocations only (its conn holds an
+    agent's credential) and the token is another tree's, or names none
+    (minted before tokens named their tree): that tree's revocations are
+    never heard here. Verify such tokens with a verifier following the
+    whole feed (a tool server's or a viewer's token)."""
+
+
 @dataclass(frozen=True)
 class Claims:
     grant_id: str
@@ -84,6 +92,9 @@ class Claims:
     not_before: float
     expires_at: float
     key_id: str = ""
+    # The root claim: the root node id of the holder's tree, "" in a token
+    # minted before tokens named their tree.
+    root: str = ""
 
 
 def _scope_ok(s: Any) -> bool:
@@ -186,7 +197,7 @@ def _json(raw: bytes) -> Any:
     return json.loads(text, parse_constant=_no_constant)
 
 
-_KNOWN_CLAIMS = frozenset({"iss", "sub", "aud", "exp", "nbf", "iat", "jti", "chain", "scopes"})
+_KNOWN_CLAIMS = frozenset({"iss", "sub", "aud", "exp", "nbf", "iat", "jti", "chain", "scopes", "root"})
 
 
 def _check_claim_names(names: Any) -> None:
@@ -283,13 +294,18 @@ def parse_capability_token(token: str, keys: dict[str, Any], *, issuer: str, now
         chain = []
     if not isinstance(chain, list) or len(chain) > MAX_CHAIN_DEPTH or not all(_id_ok(c) for c in chain) or jti in chain or len(set(chain)) != len(chain):
         raise TokenInvalid("token claims: chain malformed")
+    root = claims.get("root")
+    if root is None:
+        root = ""
+    if not isinstance(root, str) or root and not _id_ok(root):
+        raise TokenInvalid("token claims: root malformed")
     scopes = claims.get("scopes")
     if not isinstance(scopes, list) or not (1 <= len(scopes) <= MAX_SCOPES) or not all(_scope_ok(s) for s in scopes):
         raise TokenInvalid("token claims: scopes malformed")
     if not (exp > iat and exp > nbf and exp - iat <= MAX_TOKEN_TTL):
         raise TokenInvalid(f"token claims: lifetime from iat to exp must be within (0, {MAX_TOKEN_TTL}s]")
     return Claims(grant_id=jti, holder_node_id=sub, chain=tuple(chain), scopes=tuple(scopes),
-                  issued_at=iat, not_before=nbf, expires_at=exp, key_id=kid)
+                  issued_at=iat, not_before=nbf, expires_at=exp, key_id=kid, root=root)
 
 
 class _UnknownKey(TokenInvalid):
@@ -333,6 +349,9 @@ class _Tombstones:
     by_grant: dict[str, float] = field(default_factory=dict)
     head: int = 0
     synced_at: float | None = None
+    # The root node id of the one tree the feed follows (its treeRoot), ""
+    # for the whole feed.
+    tree: str = ""
 
 
 class Verifier(StreamFollower):
@@ -470,7 +489,22 @@ class Verifier(StreamFollower):
             if gid in by_grant:
                 via = "" if gid == claims.grant_id else f" via ancestor grant {gid}"
                 raise GrantRevoked(f"grant {claims.grant_id} is revoked{via}")
+        tree = self._state.tree
+        if tree and claims.root != tree:
+            why = (f"the token for grant {claims.grant_id} names no tree (minted before tokens named theirs; refresh it)"
+                   if not claims.root else
+                   f"grant {claims.grant_id} is held in another tree, whose revocations it never hears of")
+            raise TreeNotFollowed(f"this verifier follows only tree {tree}'s revocations (its connection holds an "
+                                  f"agent's credential), and {why}; verify it with a verifier that follows every tree "
+                                  f"(a tool server's or a viewer's token)")
         return claims
+
+    @property
+    def tree(self) -> str:
+        """The root node id of the one tree whose revocations the verifier
+        follows (its conn holds an agent's credential), or "" when it
+        follows the whole feed or has heard nothing yet."""
+        return self._state.tree
 
     def authorize(self, token: str, required_scope: str) -> Claims:
         """verify() plus the scope the call needs."""
@@ -541,7 +575,7 @@ class Verifier(StreamFollower):
                 # The snapshot's last message: the set becomes the copy, whole.
                 tombstones = [*self._snapshot, *tombstones]
                 self._snapshot = None
-                state = _Tombstones(head=head, synced_at=self._state.synced_at)
+                state = _Tombstones(head=head, synced_at=self._state.synced_at, tree=self._state.tree)
                 self._next_drop = math.inf
             else:
                 # A snapshot that continues in the next message leaves the
@@ -551,7 +585,7 @@ class Verifier(StreamFollower):
                 # revocation only narrows.
                 if self._snapshot is not None:
                     self._snapshot.extend(tombstones)
-                state = _Tombstones(dict(self._state.by_grant), self._state.head, self._state.synced_at)
+                state = _Tombstones(dict(self._state.by_grant), self._state.head, self._state.synced_at, self._state.tree)
             for t in tombstones:
                 gid, drop = t.get("grantId"), t["_dropAt"]
                 # Revocation only narrows: the later drop time is kept.
@@ -574,6 +608,11 @@ class Verifier(StreamFollower):
                         self._next_drop = min(self._next_drop, drop)
             # Freshness is this verifier's clock when the message arrived,
             # not the server's time in it.
+            # The tree the feed follows, in the state that marks it fresh.
+            tree = msg.get("treeRoot") or ""
+            if not isinstance(tree, str):
+                raise ValueError("a feed message whose treeRoot is not a string")
+            state.tree = tree
             if not continues:
                 state.synced_at, _ = self._feed_now(synced=True)
             self._state = state  # one reference swap: readers see old or new, whole
