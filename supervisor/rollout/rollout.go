@@ -249,7 +249,9 @@ type RolloutFacts struct {
 	// Remaining is how many candidates there are in all.
 	Remaining int
 	// ReadyTarget: running agents matching the target selector that
-	// reported ready.
+	// reported ready (those counted as replacements), plus the baseline
+	// agents no longer ready: it is compared with BaselineReady, which a
+	// baseline agent leaving must not lower the count below.
 	ReadyTarget int
 	// Batches holds the facts of every started, unfinished batch by index.
 	Batches map[int]BatchFacts
