@@ -97,14 +97,22 @@ func (rs *Rollouts) Start(ctx context.Context, req RolloutRequest) (Rollout, err
 			return err
 		}
 		ready := 0
+		var readyBy time.Time
 		for _, n := range readyNodes {
 			if vouched[tree.Root(n)] && !coveredByStop(n.NodeID, n.Ancestors, stopping) {
 				ready++
+				if n.ReadyAt.After(readyBy) {
+					readyBy = n.ReadyAt
+				}
 			}
 		}
 		r, err = NewRollout(id.New(id.Rollout), req, ready, rs.Clock.Now())
 		if err != nil {
 			return err
+		}
+		// Another replica's clock may be ahead of this one's.
+		if readyBy.After(r.CreatedAt) {
+			r.BaselineReadyBy = readyBy
 		}
 		return kv.PutJSON(tx, rolloutKey(r.ID), r)
 	})
@@ -641,13 +649,33 @@ type replacement struct {
 // rollout count them — for another tree's agents, or for its siblings in
 // its own — take their batches as replaced and drain the rest with
 // nothing ready in their place.
+//
+// The baseline (r.BaselineReady, vouched agents ready when the rollout
+// started) is subtracted from the count (Rollout.Replacements): a baseline
+// agent that is no longer ready (stopped, exited, under a stop) is counted
+// here still, or each one that left swallowed a real replacement and a
+// rogue in a vouched tree, stopping the ready agents it had spawned before
+// the rollout, kept it from ever seeing a batch replaced. Only as many as
+// the vouched agents that reported ready by the rollout's start (or by
+// the last baseline agent's report, Rollout.BaselineReadyBy, when another
+// replica's clock ran ahead) and are still ready fall short of the
+// baseline are added: every baseline agent reported ready by then, so
+// this never counts more than the agents that are really new.
 func credited(r Rollout, targets []replacement, drained [][]string) int {
 	n := 0
+	early := 0 // vouched, ready by the rollout's start: baseline agents at most
+	by := r.CreatedAt
+	if r.BaselineReadyBy.After(by) {
+		by = r.BaselineReadyBy
+	}
 	var late []replacement
 	for _, t := range targets {
 		switch {
 		case t.vouched:
 			n++
+			if !t.readyAt.After(by) {
+				early++
+			}
 		case t.parent != "" && !t.readyAt.Before(r.CreatedAt):
 			late = append(late, t)
 		}
@@ -663,7 +691,7 @@ func credited(r Rollout, targets []replacement, drained [][]string) int {
 		return t.depth
 	}
 	slices.SortStableFunc(late, func(a, b replacement) int { return reach(b) - reach(a) })
-	return n + standIns(late, drained, nil)
+	return n + max(0, r.BaselineReady-early) + standIns(late, drained, nil)
 }
 
 // standIns matches late (in order) to the drained agents (by their

@@ -149,8 +149,11 @@ type Rollout struct {
 	Reason string `json:"reason,omitempty"`
 	// BaselineReady is how many agents matching TargetSelector were ready
 	// when the rollout started: they are not replacements.
-	BaselineReady int            `json:"baseline_ready"`
-	Batches       []RolloutBatch `json:"batches"`
+	BaselineReady int `json:"baseline_ready"`
+	// BaselineReadyBy is when the last of the baseline reported ready (zero:
+	// CreatedAt): a vouched agent ready by then may be one of the baseline.
+	BaselineReadyBy time.Time      `json:"baseline_ready_by,omitzero"`
+	Batches         []RolloutBatch `json:"batches"`
 	// ReleasePending: aborted with unfinished batches that the reconciler
 	// must still release (see ActRolloutRelease).
 	ReleasePending bool `json:"release_pending,omitempty"`
@@ -246,7 +249,9 @@ type RolloutFacts struct {
 	// Remaining is how many candidates there are in all.
 	Remaining int
 	// ReadyTarget: running agents matching the target selector that
-	// reported ready.
+	// reported ready (those counted as replacements), plus the baseline
+	// agents no longer ready: it is compared with BaselineReady, which a
+	// baseline agent leaving must not lower the count below.
 	ReadyTarget int
 	// Batches holds the facts of every started, unfinished batch by index.
 	Batches map[int]BatchFacts
