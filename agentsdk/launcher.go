@@ -312,8 +312,10 @@ func (l *Launcher) Current() (nodeID, version string) {
 }
 
 // Run starts the first process and supervises until ctx ends; then it
-// stops the processes (SIGTERM, then SIGKILL after KillGrace) and confirms
-// their exits.
+// stops the processes (SIGTERM, then SIGKILL after KillGrace), confirms
+// their exits and terminates (abort) their nodes that no termination
+// covered, so what they and their descendants hold is revoked and their
+// records written (rogue39l test).
 func (l *Launcher) Run(ctx context.Context) error {
 	release, err := l.claimInstance()
 	if err != nil {
@@ -810,7 +812,8 @@ func (l *Launcher) endLost(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// stopAll ends every process still running and confirms the exits.
+// stopAll ends every process still running, confirms the exits and
+// terminates (abort) the nodes no termination covered yet.
 func (l *Launcher) stopAll() {
 	l.mu.Lock()
 	procs := append([]*launched(nil), l.procs...)
@@ -827,17 +830,28 @@ func (l *Launcher) stopAll() {
 			signalGroup(p.cmd, syscall.SIGKILL)
 			<-p.exited
 		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		if !p.confirmed {
 			if err := l.proveGone(p); err != nil {
 				l.cfg.Log.Warn("not confirming an agent's exit: what it left behind is not proven gone", "node_id", p.node, "error", err)
-				continue
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			if err := l.confirm(ctx, p); err != nil {
+			} else if err := l.confirm(ctx, p); err != nil {
 				l.cfg.Log.Warn("could not confirm an agent's exit", "node_id", p.node, "error", err)
 			}
-			cancel()
 		}
+		if !p.drained {
+			// A confirmed exit outside a termination is a word, not a
+			// stop: nothing the node holds would be revoked, no record
+			// written, and its descendants — their credentials wherever
+			// the agent handed them — would run on (rogue39l test). The
+			// node is terminated, proven gone or not.
+			_, err := l.cfg.Operator.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+				NodeId: p.node, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT, Reason: "its launcher stopped",
+			}))
+			if err != nil && connect.CodeOf(err) != connect.CodeFailedPrecondition {
+				l.cfg.Log.Warn("could not terminate the node of an agent the launcher stopped", "node_id", p.node, "error", err)
+			}
+		}
+		cancel()
 	}
 	if len(l.lost) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
