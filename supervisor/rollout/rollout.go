@@ -149,11 +149,8 @@ type Rollout struct {
 	Reason string `json:"reason,omitempty"`
 	// BaselineReady is how many agents matching TargetSelector were ready
 	// when the rollout started: they are not replacements.
-	BaselineReady int `json:"baseline_ready"`
-	// BaselineReadyBy is when the last of the baseline reported ready (zero:
-	// CreatedAt): a vouched agent ready by then may be one of the baseline.
-	BaselineReadyBy time.Time      `json:"baseline_ready_by,omitzero"`
-	Batches         []RolloutBatch `json:"batches"`
+	BaselineReady int            `json:"baseline_ready"`
+	Batches       []RolloutBatch `json:"batches"`
 	// ReleasePending: aborted with unfinished batches that the reconciler
 	// must still release (see ActRolloutRelease).
 	ReleasePending bool `json:"release_pending,omitempty"`
@@ -161,6 +158,11 @@ type Rollout struct {
 	// Last observed, for GetRollout and WatchRollout.
 	Remaining   int `json:"remaining"`
 	ReadyTarget int `json:"ready_target"`
+
+	// BaselineReadyBy is when the last of the baseline reported ready (zero:
+	// CreatedAt): a vouched agent ready by then may be one of the baseline.
+	// Stored only; not sent (GetRollout shows BaselineReady).
+	BaselineReadyBy time.Time `json:"baseline_ready_by,omitzero"`
 }
 
 // Drained is the number of agents drained by started batches that were
