@@ -15,17 +15,33 @@ import (
 )
 
 // openRaw opens a stream on r's connection with the header fields given
-// (beside :scheme and :authority), its request ended when end is set.
+// (beside :scheme and :authority), its request ended when end is set. A
+// header block past 16 KiB is sent as a HEADERS frame and CONTINUATIONs;
+// a value past 1 KiB is kept out of the HPACK table.
 func openRaw(r *stallRogue, end bool, fields ...[2]string) (uint32, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.hbuf.Reset()
 	for _, kv := range append([][2]string{{":scheme", "http"}, {":authority", "tether"}}, fields...) {
-		_ = r.enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
+		_ = r.enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1], Sensitive: len(kv[1]) > 1024})
 	}
+	const frame = 16 << 10
+	block := r.hbuf.Bytes()
+	first := block[:min(frame, len(block))]
+	rest := block[len(first):]
 	id := r.next
 	r.next += 2
-	return id, r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: r.hbuf.Bytes(), EndHeaders: true, EndStream: end})
+	if err := r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: first, EndHeaders: len(rest) == 0, EndStream: end}); err != nil {
+		return id, err
+	}
+	for len(rest) > 0 {
+		chunk := rest[:min(frame, len(rest))]
+		rest = rest[len(chunk):]
+		if err := r.fr.WriteContinuation(id, len(rest) == 0, chunk); err != nil {
+			return id, err
+		}
+	}
+	return id, nil
 }
 
 // bindStalled makes a call with cred on r's connection and grants its

@@ -1,7 +1,6 @@
 package controlplane_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,8 +9,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
@@ -165,10 +162,7 @@ func TestRogue39BBRequestDeclaringManyTrailersIsNotKeptWaitingForItsAnswer(t *te
 // 16 KiB (a HEADERS, then CONTINUATIONs), and returns its stream's id.
 func sendRaw(t *testing.T, r *stallRogue, method, path, cred string, extra [2]string) uint32 {
 	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.hbuf.Reset()
-	fields := [][2]string{{":method", method}, {":scheme", "http"}, {":authority", "tether"}, {":path", path}}
+	fields := [][2]string{{":method", method}, {":path", path}}
 	if method == "POST" {
 		fields = append(fields, [2]string{"content-type", "application/json"})
 	}
@@ -178,24 +172,9 @@ func sendRaw(t *testing.T, r *stallRogue, method, path, cred string, extra [2]st
 	if extra[0] != "" {
 		fields = append(fields, extra)
 	}
-	for _, kv := range fields {
-		_ = r.enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1], Sensitive: len(kv[1]) > 1024})
-	}
-	block := bytes.Clone(r.hbuf.Bytes())
-	const frame = 16 << 10
-	first := block[:min(frame, len(block))]
-	rest := block[len(first):]
-	id := r.next
-	r.next += 2
-	if err := r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: first, EndHeaders: len(rest) == 0, EndStream: true}); err != nil {
+	id, err := openRaw(r, true, fields...)
+	if err != nil {
 		t.Fatal(err)
-	}
-	for len(rest) > 0 {
-		chunk := rest[:min(frame, len(rest))]
-		rest = rest[len(chunk):]
-		if err := r.fr.WriteContinuation(id, len(rest) == 0, chunk); err != nil {
-			t.Fatal(err)
-		}
 	}
 	return id
 }
