@@ -17,7 +17,7 @@ import struct
 import threading
 
 from conftest import require_extra
-from helpers import LoopbackPeer, QuietHandler
+from helpers import HeldBeginPeer, LoopbackPeer, QuietHandler
 from tether_agentsdk import Conn, LeaseWorker, ToolCallCancelled, ToolGate
 from tether_agentsdk.leaseworker import LEASE_LOST
 from tether_agentsdk.toolgate import MAX_EARLY_ORDERS
@@ -28,67 +28,9 @@ def _envelope(flags: int, msg: dict) -> bytes:
     return struct.pack(">BI", flags, len(data)) + data
 
 
-class HeldBeginPeer(LoopbackPeer):
-    """Answers a gate: its WatchCancels stays open and carries what the test
-    puts on ``orders`` (a list of orders, written at once); the first
-    BeginCall is answered with call-a, the second waits for
-    ``begin_answer``; CancelAck and EndCall answer at once."""
-
-    def __init__(self):
-        self.watching = threading.Event()
-        self.begins = 0
-        self.second_begun = threading.Event()
-        self.orders: queue.Queue = queue.Queue()
-        self.begin_answer: queue.Queue = queue.Queue()
-        self.lock = threading.Lock()
-        super().__init__()
-        peer = self
-
-        class Handler(QuietHandler):
-            def do_POST(self):
-                self.read_body()
-                method = self.path.rsplit("/", 1)[-1]
-                if method == "WatchCancels":
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/connect+json")
-                    self.end_headers()
-                    self.wfile.flush()
-                    peer.watching.set()
-                    while not peer.closing.is_set():
-                        try:
-                            orders = peer.orders.get(timeout=0.1)
-                        except queue.Empty:
-                            continue
-                        self.wfile.write(b"".join(_envelope(0, o) for o in orders))
-                        self.wfile.flush()
-                    return
-                if method == "BeginCall":
-                    with peer.lock:
-                        peer.begins += 1
-                        n = peer.begins
-                    if n == 1:
-                        answer = {"call": {"callId": "call-a", "tool": "shell"}}
-                    else:
-                        peer.second_begun.set()
-                        answer = peer.begin_answer.get()
-                elif method in ("CancelAck", "EndCall"):
-                    answer = {}
-                else:
-                    self.send_response(404)
-                    self.end_headers()
-                    return
-                self.answer_json(answer)
-
-        self.serve(Handler)
-
-    def close(self) -> None:
-        self.begin_answer.put({})
-        super().close()
-
-
 def test_a_gate_holds_at_most_max_early_orders_while_a_begin_is_under_way():
     flood = 5 * MAX_EARLY_ORDERS
-    peer = HeldBeginPeer()
+    peer = HeldBeginPeer("call-a")
     gate = ToolGate(Conn(peer.url, "rogue20-tool-token"), "py-rogue20-gate").start()
     outcomes: dict[str, object] = {}
     running = threading.Event()
@@ -120,7 +62,7 @@ def test_a_gate_holds_at_most_max_early_orders_while_a_begin_is_under_way():
         b.start()
         assert peer.second_begun.wait(30)
         orders = [{"callId": f"made-up-{i}", "reason": "flood"} for i in range(flood)]
-        peer.orders.put(orders + [{"callId": "call-a", "reason": "termination t1 cancelled the call"}])
+        peer.orders.put(b"".join(_envelope(0, o) for o in orders + [{"callId": "call-a", "reason": "termination t1 cancelled the call"}]))
         a.join(30)
         assert isinstance(outcomes.get("a"), ToolCallCancelled), outcomes
         assert gate.held_orders <= MAX_EARLY_ORDERS, f"the gate holds {gate.held_orders} orders for calls it has not registered"
