@@ -12,7 +12,6 @@ one, and ends as superseded)."""
 from __future__ import annotations
 
 import json
-import queue
 import struct
 import threading
 
