@@ -393,11 +393,31 @@ class _GatedBlock:
         self._ctx_token = _current.set(self.call)
         return self.call
 
+    def _leave_context(self) -> None:
+        """Takes the call back out of ``current_call()``'s context variable.
+        A block may be left in another context than the one it was entered
+        in: a generator holding the call open while it yields, stepped in a
+        copy of its caller's context each time (``asyncio.to_thread(next,
+        gen)``, a streaming server's ``iterate_in_threadpool``), or an
+        asyncio generator its caller dropped mid-stream, closed by the
+        loop's finalizer in a task of its own. The token cannot be reset
+        there (ValueError), and raised, it left the call in flight for good,
+        never reported (rogue40H tests); the variable is set back where it
+        still names the call, and an ended call is no one's current call
+        anyway."""
+        token, self._ctx_token = self._ctx_token, None
+        if token is None:
+            return
+        try:
+            _current.reset(token)
+        except (ValueError, RuntimeError):
+            if _current.get() is self.call:
+                _current.set(None if token.old_value is contextvars.Token.MISSING else token.old_value)
+
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         call = self.call
         assert call is not None
-        if self._ctx_token is not None:
-            _current.reset(self._ctx_token)
+        self._leave_context()
         self.gate._unregister(call)
         stopped = _stopped_by_cancel(call, exc)
         self.gate._finish(call, None if stopped else exc, stopped=stopped)
@@ -442,11 +462,10 @@ class _GatedBlock:
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         call = self.call
         assert call is not None
-        if self._ctx_token is not None:
-            _current.reset(self._ctx_token)
+        self._leave_context()
         self.gate._unregister(call)
         task = call._task
-        if call._task_cancelled and task is not None and sys.version_info >= (3, 11):
+        if call._task_cancelled and task is not None and task is asyncio.current_task() and sys.version_info >= (3, 11):
             # The gate's own cancellation of the task: take it back (only
             # it: a cancellation from elsewhere stays) and raise
             # ToolCallCancelled instead.
@@ -513,17 +532,34 @@ class _ToolGateSpec:
         # spec used by concurrent callers (a tool server's requests) must
         # end each caller's own call, never another's on the first exit.
         self._blocks: contextvars.ContextVar[tuple[_GatedBlock, ...]] = contextvars.ContextVar(f"tether_gate_spec_{id(self)}", default=())
+        # Every block entered and not yet left, whatever its context: a
+        # block left in another context than it was entered in (a generator
+        # holding the call while it yields, stepped in copies of its
+        # caller's context) finds none there, and is this spec's only one
+        # open when the spec serves one ``with`` (rogue40H test).
+        self._open: list[_GatedBlock] = []
+        self._open_lock = threading.Lock()
 
     def _push(self) -> _GatedBlock:
         block = self.gate.call(self.token, self.tool, required_scope=self.required_scope)
         self._blocks.set(self._blocks.get() + (block,))
+        with self._open_lock:
+            self._open.append(block)
         return block
 
     def _pop(self) -> _GatedBlock:
         blocks = self._blocks.get()
-        assert blocks, "tool_gate: exit without an enter in this thread or task"
-        self._blocks.set(blocks[:-1])
-        return blocks[-1]
+        with self._open_lock:
+            if blocks:
+                block = blocks[-1]
+                self._blocks.set(blocks[:-1])
+            else:
+                # Left in another context than entered: the open block, if
+                # it is the only one; with several, which is unknown here.
+                assert len(self._open) == 1, "tool_gate: exit without an enter in this thread or task"
+                block = self._open[0]
+            self._open.remove(block)
+        return block
 
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         if inspect.iscoroutinefunction(fn):

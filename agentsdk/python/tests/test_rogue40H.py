@@ -1,0 +1,106 @@
+"""The fortieth hostile pass on the Python SDK.
+
+A gated block left in another context than the one it was entered in: a
+streaming tool, a generator holding its call open while it yields, stepped
+the way asyncio steps a blocking generator (``asyncio.to_thread(next, gen)``,
+each step in a copy of the caller's context, as Starlette's
+``iterate_in_threadpool`` does), or an asyncio generator whose caller hung
+up mid-stream and which the loop's finalizer closes in a task of its own.
+The block's exit reset the gate's context variable with a token of the
+context it was entered in, which raised ValueError before the call was
+reported: the call stayed in flight for good (a drain waited for it to its
+deadline, the abort's cancel went unacknowledged, the tool server blamed),
+and the gate kept it among its calls in flight. An agent hanging up on a
+streaming tool left such a call each time. The Go gate records a call whose
+handler panicked failed (rogue39a); this is the Python gate's road to the
+same end."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import uuid
+
+import pytest
+
+from tether_agentsdk import ToolGate, tool_gate
+
+
+@pytest.fixture
+def gate(server):
+    name = "pytest-gate-r40h-" + uuid.uuid4().hex[:8]
+    g = ToolGate(server.tool_server(name), name).start()
+    assert g.ready.wait(10)
+    yield g
+    g.close()
+
+
+def child_grant(tree, name: str, scopes=("tool:stream",)):
+    child = tree.root.spawn(name)
+    return child, tree.root.delegate(tree.root_grant_id, child.node_id, list(scopes), ttl=600)
+
+
+def open_calls(operator, node_id: str) -> list[dict]:
+    return operator.call("ToolService", "ListCalls", {"nodeId": node_id}).get("calls", [])
+
+
+@pytest.mark.parametrize("block", ["gate.call", "tool_gate"])
+def test_rogue40H_a_streaming_tool_stepped_in_copies_of_its_callers_context_ends_its_call(server, tree, gate, block):
+    child, grant = child_grant(tree, "streamer")
+
+    def stream(n: int):
+        with (gate.call(grant.token, "stream") if block == "gate.call" else tool_gate(gate, "stream", token=grant.token)):
+            for i in range(n):
+                yield f"chunk {i}"
+
+    async def serve() -> list[str]:
+        gen = stream(3)
+        chunks: list[str] = []
+        done = object()
+        while (chunk := await asyncio.to_thread(next, gen, done)) is not done:
+            chunks.append(chunk)
+        return chunks
+
+    outcome: object
+    try:
+        outcome = asyncio.run(serve())
+    except BaseException as e:  # noqa: BLE001 — the test reads it
+        outcome = e
+    left = open_calls(tree.operator, child.node_id)
+    assert outcome == ["chunk 0", "chunk 1", "chunk 2"] and left == [], (
+        f"the stream ended with {outcome!r}, {len(left)} call(s) left in flight: {[c.get('state') for c in left]}")
+    assert not gate._inflight, f"the gate holds {len(gate._inflight)} call(s) in flight"
+
+
+def test_rogue40H_a_streaming_tool_its_caller_hung_up_on_ends_its_call(server, tree, gate):
+    child, grant = child_grant(tree, "hung-up-on")
+    started = []
+
+    async def stream():
+        async with gate.call(grant.token, "stream"):
+            started.append(True)
+            yield "chunk 0"
+            await asyncio.Event().wait()  # more, which nobody reads
+            yield "chunk 1"
+
+    finalizers: list[object] = []
+
+    async def main() -> None:
+        gen = stream()
+        assert await gen.__anext__() == "chunk 0"
+        # The caller hangs up: the generator is dropped unfinished, and
+        # the loop's finalizer closes it in a task of its own, which the
+        # next turn of the loop creates.
+        del gen
+        gc.collect()
+        await asyncio.sleep(0)
+        others = asyncio.all_tasks() - {asyncio.current_task()}
+        assert others, "the loop's finalizer started no task"
+        finalizers.extend(await asyncio.gather(*others, return_exceptions=True))
+
+    asyncio.run(main())
+    assert started
+    left = open_calls(tree.operator, child.node_id)
+    assert left == [], (f"{len(left)} call(s) left in flight: {[c.get('state') for c in left]}; "
+                        f"the finalizer's task ended with {finalizers!r}")
+    assert not gate._inflight, f"the gate holds {len(gate._inflight)} call(s) in flight"
