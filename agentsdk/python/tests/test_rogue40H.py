@@ -13,17 +13,28 @@ deadline, the abort's cancel went unacknowledged, the tool server blamed),
 and the gate kept it among its calls in flight. An agent hanging up on a
 streaming tool left such a call each time. The Go gate records a call whose
 handler panicked failed (rogue39a); this is the Python gate's road to the
-same end."""
+same end.
+
+An agent's ``close()`` (the end of ``with agent:``, ``confirm_exit``) returned
+while the ``on_abort`` callbacks the abort had started still ran, on daemon
+threads: an agent whose process ends with its ``with agent:`` block was cut
+off in the middle of its cleanup (its subprocesses, its leases), and its
+signals stream was closed, the control plane's witness of its exit, while
+that cleanup went on. The Go SDK's ``Run`` waits for them since the
+thirty-ninth pass (rogue39a); ``close()`` now does.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import uuid
 
 import pytest
 
-from tether_agentsdk import ToolGate, tool_gate
+from helpers import terminate, wait_for
+from tether_agentsdk import Agent, ToolGate, agent as agent_module, tool_gate
 
 
 @pytest.fixture
@@ -104,3 +115,51 @@ def test_rogue40H_a_streaming_tool_its_caller_hung_up_on_ends_its_call(server, t
     assert left == [], (f"{len(left)} call(s) left in flight: {[c.get('state') for c in left]}; "
                         f"the finalizer's task ended with {finalizers!r}")
     assert not gate._inflight, f"the gate holds {len(gate._inflight)} call(s) in flight"
+
+
+def joined(server, tree, name: str) -> Agent:
+    child = tree.root.spawn(name)
+    a = Agent.join(server.url, child.credential)
+    a.heartbeat_every = 0.5
+    return a
+
+
+def test_rogue40H_close_waits_for_the_abort_callbacks_the_abort_started(server, tree, monkeypatch):
+    worker = joined(server, tree, "rogue40h-cleanup")
+    cleaning = threading.Event()
+    release = threading.Event()
+    cleaned: list[bool] = []
+
+    def clean_up(_sig) -> None:
+        cleaning.set()
+        release.wait(30)  # a bound, should close never wait: the test fails then
+        cleaned.append(release.is_set())
+
+    # close() is told when it starts waiting for a callback still running:
+    # only then is the cleanup let go on.
+    monkeypatch.setattr(agent_module, "_close_waits_for_abort_callbacks", lambda a: release.set(), raising=False)
+    worker.on_abort(clean_up)
+    try:
+        with worker:
+            assert worker.opened.wait(10)
+            terminate(tree.operator, worker.node_id, "abort")
+            assert cleaning.wait(20), "the abort did not reach on_abort"
+        # The process would end here.
+        assert cleaned == [True], f"close() returned while on_abort ran (it had finished: {cleaned})"
+    finally:
+        release.set()
+
+
+def test_rogue40H_an_abort_callback_that_confirms_the_exit_is_not_kept_waiting_for_itself(server, tree):
+    worker = joined(server, tree, "rogue40h-exit-in-abort")
+    claimed: list = []
+    worker.on_abort(lambda _sig: claimed.append(worker.confirm_exit("aborted, cleaned up")))
+    worker.start()
+    try:
+        assert worker.opened.wait(10)
+        terminate(tree.operator, worker.node_id, "abort")
+        wait_for("the exit claimed from on_abort", lambda: bool(claimed))
+        node = tree.operator.call("AgentService", "GetNode", {"nodeId": worker.node_id})["node"]
+        assert node.get("exitedAt"), node
+    finally:
+        worker.close()

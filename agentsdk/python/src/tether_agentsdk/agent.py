@@ -15,6 +15,10 @@ from ._connect import FAILED_PRECONDITION, INTERNAL, PERMISSION_DENIED, UNAUTHEN
 
 log = logging.getLogger("tether_agentsdk")
 
+#: Set by tests only: called with the agent when close() starts waiting
+#: for an on_abort callback still running on another thread.
+_close_waits_for_abort_callbacks: Callable[["Agent"], None] | None = None
+
 DRAIN = "SIGNAL_KIND_DRAIN"
 ABORT = "SIGNAL_KIND_ABORT"
 
@@ -155,6 +159,13 @@ class Agent:
         self._lock = threading.Lock()
         self._on_drain: list[Callable[[Signal], Any]] = []
         self._on_abort: list[Callable[[Signal], Any]] = []
+        # The on_abort runs going on (under _lock): an abort's run of its
+        # callbacks, or one registered after it; of these, per thread, how
+        # many have started there. close() waits until none runs but on
+        # its own thread.
+        self._abort_running = 0
+        self._abort_running_on: dict[int, int] = {}
+        self._abort_idle = threading.Condition(self._lock)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._stream = None
@@ -269,18 +280,70 @@ class Agent:
         """Runs ``callback(signal)`` once when an abort arrives, on a thread
         of the SDK's (the abort's callbacks on one, in the order registered,
         beside the drain's), or at once, on the caller's thread, if it
-        already has."""
-        self._once(self.aborted, self._on_abort, callback)
+        already has. ``close()`` (and so ``confirm_exit`` and the end of
+        ``with agent:``) returns once they have returned."""
+        self._once(self.aborted, self._on_abort, callback, abort=True)
 
-    def _once(self, arrived: threading.Event, waiting: list, callback: Callable[[Signal], Any]) -> None:
+    def _once(self, arrived: threading.Event, waiting: list, callback: Callable[[Signal], Any], *, abort: bool = False) -> None:
         """Runs ``callback(signal)`` now if ``arrived`` is set, else queues it
         in ``waiting``, which ``_handle`` runs when the signal arrives."""
         with self._lock:
             fired = self.signal if arrived.is_set() else None
             if fired is None:
                 waiting.append(callback)
+            elif abort:
+                self._abort_running += 1
         if fired is not None:
-            callback(fired)
+            if not abort:
+                callback(fired)
+                return
+            self._abort_run_started()
+            try:
+                callback(fired)
+            finally:
+                self._abort_run_returned()
+
+    def _abort_run_started(self) -> None:
+        """Notes that an on_abort run, counted in _abort_running, has
+        started on this thread."""
+        me = threading.get_ident()
+        with self._lock:
+            self._abort_running_on[me] = self._abort_running_on.get(me, 0) + 1
+
+    def _abort_run_returned(self) -> None:
+        me = threading.get_ident()
+        with self._lock:
+            self._abort_running -= 1
+            left = self._abort_running_on.get(me, 0) - 1
+            if left > 0:
+                self._abort_running_on[me] = left
+            else:
+                self._abort_running_on.pop(me, None)
+            self._abort_idle.notify_all()
+
+    def _run_abort_callbacks(self, callbacks: list, sig: Signal) -> None:
+        self._abort_run_started()
+        try:
+            self._run_callbacks(callbacks, sig)
+        finally:
+            self._abort_run_returned()
+
+    def _wait_abort_callbacks(self) -> None:
+        """Waits until no on_abort callback runs, but on this thread (one
+        that closes the agent, or claims its exit, from on_abort)."""
+        me = threading.get_ident()
+
+        def others() -> int:
+            return self._abort_running - self._abort_running_on.get(me, 0)
+
+        with self._lock:
+            if not others():
+                return
+        hook = _close_waits_for_abort_callbacks
+        if hook is not None:
+            hook(self)
+        with self._lock:
+            self._abort_idle.wait_for(lambda: not others())
 
     @property
     def drain_deadline(self) -> datetime | None:
@@ -308,15 +371,17 @@ class Agent:
                 self.signal = sig
                 self.aborted.set()
                 abort_callbacks, self._on_abort = self._on_abort, []
+                if abort_callbacks:
+                    self._abort_running += 1  # close() waits for the run
         # On threads of their own (the drain's on one, the abort's on
         # another, each in the order registered), as the Go SDK's: run on
         # the thread that heard the signal, a callback that waited (for the
         # work in flight) held it, and when that was the heartbeats' no
         # heartbeat went out and the credential was not refreshed meanwhile
         # (rogue37a test).
-        for which, callbacks in (("drain", drain_callbacks), ("abort", abort_callbacks)):
+        for which, callbacks, run in (("drain", drain_callbacks, self._run_callbacks), ("abort", abort_callbacks, self._run_abort_callbacks)):
             if callbacks:
-                threading.Thread(target=self._run_callbacks, args=(callbacks, sig),
+                threading.Thread(target=run, args=(callbacks, sig),
                                  name=f"tether-on-{which}-{self.node_id}", daemon=True).start()
 
     @staticmethod
@@ -394,10 +459,20 @@ class Agent:
         return self
 
     def close(self) -> None:
-        """Stops sending heartbeats, then following signals. In that order:
-        the control plane counts the signals stream's end as witness of the
-        agent's exit only when it saw nothing of the agent after it, so a
-        heartbeat in flight must land before the stream ends."""
+        """Waits until no ``on_abort`` callback runs (but on the calling
+        thread: one may close the agent, or claim its exit), then stops
+        sending heartbeats, then following signals. The callbacks first:
+        they are the agent's cleanup after an abort (its subprocesses, its
+        leases), which a process ending once close() returns (the end of
+        ``with agent:``) cut off in the middle, and which may still need the
+        credential the heartbeats refresh; and the signals stream's end is
+        the control plane's witness of the agent's exit (rogue40H test, as
+        the Go SDK's ``Run`` waits for them). Then the heartbeats before the
+        stream: the control plane counts the stream's end as witness only
+        when it saw nothing of the agent after it, so a heartbeat in flight
+        must land before the stream ends. A callback that never returns
+        holds close() as long."""
+        self._wait_abort_callbacks()
         self._stop.set()
         me = threading.current_thread()
         for t in self._threads:
@@ -410,6 +485,8 @@ class Agent:
             if t is not me:
                 t.join(timeout=10)
         self._threads = []
+        # Those an abort heard meanwhile started.
+        self._wait_abort_callbacks()
         # Its idle keep-alive connections: the control plane counts them
         # against the lineage's until its idle timeout closes them.
         self.conn.close()
