@@ -163,3 +163,55 @@ def test_rogue40H_an_abort_callback_that_confirms_the_exit_is_not_kept_waiting_f
         assert node.get("exitedAt"), node
     finally:
         worker.close()
+
+
+def test_rogue40H_a_gated_generator_tool_holds_its_call_while_it_streams(server, tree, gate):
+    # tool_gate on a generator function (sync or asyncio) reported the call
+    # completed as the function returned its generator, before the tool
+    # ran a step: the stream ran outside the call, where no drain waits for
+    # it and no cancel order reaches it.
+    child, grant = child_grant(tree, "generator-tool")
+    seen: dict[str, list[int]] = {"sync": [], "async": []}
+
+    @tool_gate(gate, "stream", token=grant.token)
+    def stream_sync(n: int):
+        for i in range(n):
+            seen["sync"].append(len(open_calls(tree.operator, child.node_id)))
+            yield i
+
+    @tool_gate(gate, "stream", token=grant.token)
+    async def stream_async(n: int):
+        for i in range(n):
+            seen["async"].append(await asyncio.to_thread(lambda: len(open_calls(tree.operator, child.node_id))))
+            yield i
+
+    async def read_async() -> list[int]:
+        return [i async for i in stream_async(2)]
+
+    assert list(stream_sync(2)) == [0, 1]
+    assert asyncio.run(read_async()) == [0, 1]
+    assert seen == {"sync": [1, 1], "async": [1, 1]}, f"calls in flight while each step ran: {seen}"
+    assert open_calls(tree.operator, child.node_id) == []
+
+    # Left early (the caller stops reading), the call ends all the same.
+    gen = stream_sync(5)
+    assert next(gen) == 0
+    gen.close()
+    assert open_calls(tree.operator, child.node_id) == [] and not gate._inflight
+
+
+def test_rogue40H_a_sync_gate_refuses_a_tool_function_that_returns_a_generator(server, tree, gate):
+    child, grant = child_grant(tree, "generator-returned")
+    ran: list[str] = []
+
+    def stream():
+        ran.append("step")
+        yield "chunk"
+
+    for how, run in (("run", lambda: gate.run(grant.token, "stream", stream)),
+                     ("tool_gate", lambda: tool_gate(gate, "stream", token=grant.token)(lambda: stream())())):
+        with pytest.raises(TypeError) as e:
+            run()
+        assert "generator" in str(e.value), (how, str(e.value))
+    assert ran == [], "a step of the generator ran outside its call"
+    assert open_calls(tree.operator, child.node_id) == []

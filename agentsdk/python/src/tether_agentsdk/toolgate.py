@@ -364,13 +364,20 @@ class ToolGate(StreamFollower):
 
 
 def _done(result: Any, where: str) -> Any:
-    """result, unless it is an awaitable: a synchronous gate reports the
-    call ended once the function returned, and an awaitable's work (an
-    async function's coroutine) would come after, outside the call, where
-    no drain waits for it and no cancel order reaches it (rogue38K test).
-    A coroutine is closed unrun and the call recorded failed by the
+    """result, unless it is an awaitable or a generator: a synchronous gate
+    reports the call ended once the function returned, and an awaitable's
+    work (an async function's coroutine) or a generator's (its every step)
+    would come after, outside the call, where no drain waits for it and no
+    cancel order reaches it (rogue38K, rogue40H tests). A coroutine or a
+    generator is closed unrun and the call recorded failed by the
     TypeError; another awaitable (a task already scheduled) cannot be
     stopped here, and is recorded failed all the same."""
+    if inspect.isgenerator(result) or inspect.isasyncgen(result):
+        if inspect.isgenerator(result):
+            result.close()
+        raise TypeError(f"{where}: the tool function returned a generator ({type(result).__name__}), whose steps would run "
+                        "after the gate reported the call ended; gate the generator function itself (tool_gate on a def "
+                        "that yields), or step it inside the call")
     if inspect.isawaitable(result):
         if inspect.iscoroutine(result):
             result.close()
@@ -507,6 +514,9 @@ def tool_gate(gate: ToolGate, tool: str, *, token: Token, required_scope: str = 
         @tool_gate(gate, "search", token=grant_tokens)
         async def search(query: str) -> str: ...
 
+    On a generator function (a streaming tool, plain or async), the call is
+    held from the generator's first step until it ends or is closed.
+
     As a context manager, ``with`` or ``async with``::
 
         with tool_gate(gate, "search", token=tok) as call:
@@ -562,6 +572,33 @@ class _ToolGateSpec:
         return block
 
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        # A generator function (a streaming tool) holds its call from its
+        # first step to its end, or its close: gated as a plain function,
+        # the call was reported completed as it returned its generator, and
+        # every step ran outside the call (rogue40H test).
+        if inspect.isgeneratorfunction(fn):
+
+            @functools.wraps(fn)
+            def gated_generator(*args: Any, **kwargs: Any) -> Any:
+                with self.gate.call(self.token, self.tool, required_scope=self.required_scope):
+                    return (yield from fn(*args, **kwargs))
+
+            return gated_generator
+
+        if inspect.isasyncgenfunction(fn):
+
+            @functools.wraps(fn)
+            async def gated_async_generator(*args: Any, **kwargs: Any) -> Any:
+                async with self.gate.call(self.token, self.tool, required_scope=self.required_scope):
+                    agen = fn(*args, **kwargs)
+                    try:
+                        async for item in agen:
+                            yield item
+                    finally:
+                        await agen.aclose()
+
+            return gated_async_generator
+
         if inspect.iscoroutinefunction(fn):
 
             @functools.wraps(fn)
