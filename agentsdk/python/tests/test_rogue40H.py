@@ -22,19 +22,27 @@ off in the middle of its cleanup (its subprocesses, its leases), and its
 signals stream was closed, the control plane's witness of its exit, while
 that cleanup went on. The Go SDK's ``Run`` waits for them since the
 thirty-ninth pass (rogue39a); ``close()`` now does.
+
+An agent took the node its signals stream's ``opened`` message carried as
+its own, identity included: one such message of the wrong shape (a
+proxy's, a hostile peer's: a node without its id) and every later
+heartbeat and reconnect failed on the missing id, for good, the path
+healthy again or not: the agent never heard its stop. The Go SDK keeps the
+node id it was made with; so does the Python SDK now.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import threading
 import uuid
 
 import pytest
 
-from helpers import terminate, wait_for
-from tether_agentsdk import Agent, ToolGate, agent as agent_module, tool_gate
+from helpers import QuietHandler, LoopbackPeer, connect_envelope, terminate, wait_for
+from tether_agentsdk import Agent, Conn, ToolGate, agent as agent_module, tool_gate
 
 
 @pytest.fixture
@@ -215,3 +223,74 @@ def test_rogue40H_a_sync_gate_refuses_a_tool_function_that_returns_a_generator(s
         assert "generator" in str(e.value), (how, str(e.value))
     assert ran == [], "a step of the generator ran outside its call"
     assert open_calls(tree.operator, child.node_id) == []
+
+
+class _MangledOpenedPeer(LoopbackPeer):
+    """A control plane behind a path gone wrong once: the first signals
+    stream opens with a node without its id (or another node's), then
+    ends; every later one opens with the agent's node and carries an
+    abort. Heartbeats are answered empty, and counted. A request naming
+    another node is refused permission_denied, as the control plane
+    refuses a credential another node's request."""
+
+    def __init__(self, node_id: str, first_node: dict):
+        super().__init__()
+        self.streams = 0
+        self.heartbeats = 0
+        peer = self
+
+        class Handler(QuietHandler):
+            def do_POST(self):
+                body = self.read_body()
+                if body[:1] == b"\x00":  # a stream's request: one envelope
+                    body = body[5:]
+                named = json.loads(body or b"{}").get("nodeId")
+                method = self.path.rsplit("/", 1)[-1]
+                if named != node_id:
+                    data = json.dumps({"code": "permission_denied", "message": "not your node"}).encode()
+                    self.send_response(403)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
+                if method == "Heartbeat":
+                    peer.heartbeats += 1
+                    self.answer_json({})
+                    return
+                if method != "WatchSignals":
+                    self.answer_json({})
+                    return
+                peer.streams += 1
+                first = peer.streams == 1
+                self.send_response(200)
+                self.send_header("Content-Type", "application/connect+json")
+                self.end_headers()
+                node = first_node if first else {"nodeId": node_id, "name": "worker"}
+                body = connect_envelope({"opened": {"node": node}})
+                if not first:
+                    body += connect_envelope({"signal": {"kind": "SIGNAL_KIND_ABORT", "reason": "stopped"}})
+                self.wfile.write(body)
+                self.wfile.flush()
+                if not first:
+                    peer.closing.wait()
+                self.close_connection = True
+
+        self.serve(Handler)
+
+
+@pytest.mark.parametrize("first_node", [{"name": "worker"}, {"nodeId": "n-someone-else", "name": "other"}], ids=["no-id", "another-id"])
+def test_rogue40H_one_opened_message_of_the_wrong_shape_does_not_deafen_the_agent(first_node):
+    peer = _MangledOpenedPeer("n-rogue40h", first_node)
+    worker = Agent(Conn(peer.url, "a-credential"), {"nodeId": "n-rogue40h", "name": "worker"})
+    worker.heartbeat_every = 0.2
+    try:
+        worker.start()
+        wait_for("the abort on the stream after the wrong one", worker.aborted.is_set, timeout=15)
+        assert worker.signal is not None and worker.signal.reason == "stopped", f"aborted by {worker.signal}, not the peer's abort"
+        assert worker.node_id == "n-rogue40h" and worker.node.get("nodeId") == "n-rogue40h", worker.node
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {peer.streams} signals stream(s) opened, {peer.heartbeats} heartbeat(s) sent") from None
+    finally:
+        worker.close()
+        peer.close()

@@ -151,6 +151,10 @@ class Agent:
     def __init__(self, conn: Conn, node: dict):
         self.conn = conn
         self.node = node
+        # Its identity, for good (the Go SDK's Agent.id): a signals
+        # stream's opened message refreshes ``node`` only when it names
+        # this node (rogue40H test).
+        self._node_id: str = node["nodeId"]
         self.draining = threading.Event()
         self.aborted = threading.Event()
         self.opened = threading.Event()
@@ -196,7 +200,7 @@ class Agent:
 
     @property
     def node_id(self) -> str:
-        return self.node["nodeId"]
+        return self._node_id
 
     @property
     def credential(self) -> str:
@@ -532,7 +536,17 @@ class Agent:
                     return
                 for msg in stream:
                     if "opened" in msg:
-                        self.node = msg["opened"].get("node", self.node)
+                        # The node as the control plane stored it, when the
+                        # message names this node: taken whole, one of the
+                        # wrong shape (a proxy's, a hostile peer's) without
+                        # its id failed every later heartbeat and reconnect
+                        # for good, and one naming another node had the
+                        # agent ask as that node and take the refusal for
+                        # its own stop (rogue40H test).
+                        opened = msg["opened"]
+                        node = opened.get("node") if isinstance(opened, dict) else None
+                        if isinstance(node, dict) and node.get("nodeId") == self._node_id:
+                            self.node = node
                         self.opened.set()
                         backoff = 0.1
                     elif "signal" in msg:
