@@ -560,6 +560,9 @@ class _ToolGateSpec:
     def _pop(self) -> _GatedBlock:
         blocks = self._blocks.get()
         with self._open_lock:
+            # Blocks this context entered that another context has left.
+            while blocks and not any(b is blocks[-1] for b in self._open):
+                blocks = blocks[:-1]
             if blocks:
                 block = blocks[-1]
                 self._blocks.set(blocks[:-1])
