@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/internal/fault"
 	"github.com/tetherhq/tether/supervisor/internal/kv"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -290,12 +292,12 @@ func putRequested(tx store.Txn, t Termination) error {
 func mayStop(tx store.ReadTxn, t Termination, target *tree.Node) error {
 	switch target.State {
 	case tree.NodeStateRunning:
-		return nil
+		return ownCoverIn(tx, t, target)
 	case tree.NodeStateTerminated:
 		return fmt.Errorf("%w: node_id %s is terminated (termination %s)", ErrAlreadyStopping, target.NodeID, target.TerminationID)
 	}
 	if target.TerminationID == "" {
-		return nil
+		return ownCoverIn(tx, t, target)
 	}
 	var owner Termination
 	if err := getTermination(tx, target.TerminationID, &owner); err != nil {
@@ -308,6 +310,82 @@ func mayStop(tx store.ReadTxn, t Termination, target *tree.Node) error {
 		return nil
 	}
 	return fmt.Errorf("%w: node_id %s is %s (termination %s); only an abort, or a termination by a higher authority (an operator over an agent), supersedes it", ErrAlreadyStopping, target.NodeID, tree.StateName(target.State), owner.ID)
+}
+
+// ownCoverIn refuses t, an agent's own stop request, on a target its mark
+// has not reached (running, or exited outside every termination) that the
+// same agent's unfinished stop already covers — requested on the target or
+// on a node between the agent and it, or marked down to one of them —
+// when t would repeat that stop without escalating it (repeatsOwnStop):
+// what mayStop refuses on a node the mark has reached. Until the fortieth
+// pass the refusal read only the target's own state, so between the
+// request and the mark's arrival (the reconciler's queue, a large
+// subtree's chunks) each repeat, and each drain of a node inside the
+// subtree, was accepted: a new termination marking the subtree again for
+// one request (rogue40d tests). The lineage read is the part of the
+// target's below its requester (an agent's target is below it, and the
+// requester itself is not covered: TerminateIn), each termination read
+// once.
+func ownCoverIn(tx store.ReadTxn, t Termination, target *tree.Node) error {
+	if !strings.HasPrefix(t.RequestedBy, "agent:") || t.ProposalID != "" || len(t.RequesterLineage) == 0 {
+		return nil
+	}
+	requester := t.RequesterLineage[len(t.RequesterLineage)-1]
+	at := slices.Index(target.Ancestors, requester)
+	if at < 0 {
+		return nil
+	}
+	between := target.Ancestors[at+1:]
+	lineage := append(append([]string(nil), between...), target.NodeID)
+	if err := store.Prefetch(tx, append(store.KeysOf(between, tree.NodeKey), store.KeysOf(lineage, tree.StopRequestedKey)...), nil); err != nil {
+		return err
+	}
+	seen := make(map[string]bool, 2)
+	check := func(node, owner, how string) error {
+		if owner == "" || seen[owner] {
+			return nil
+		}
+		seen[owner] = true
+		var o Termination
+		if err := getTermination(tx, owner, &o); err != nil {
+			if errors.Is(err, ErrTerminationNotFound) {
+				return nil
+			}
+			return err
+		}
+		if o.Phase == PhaseTerminated || !repeatsOwnStop(t, o) {
+			return nil
+		}
+		where := "node_id " + target.NodeID
+		if node != target.NodeID {
+			where += " is below " + node + ", which"
+		}
+		return fmt.Errorf("%w: %s %s under your own termination %s; stopping it again would stop nothing more (an abort still escalates your drain)", ErrAlreadyStopping, where, how, o.ID)
+	}
+	for _, id := range lineage {
+		if id != target.NodeID {
+			n, err := tree.GetNodeIn(tx, id)
+			if err != nil {
+				return err
+			}
+			if tree.StopsBelow(n.State, n.TerminationID) {
+				if err := check(id, n.TerminationID, "is "+tree.StateName(n.State)); err != nil {
+					return err
+				}
+			}
+		}
+		v, err := tx.Get(tree.StopRequestedKey(id))
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+		case err != nil:
+			return err
+		default:
+			if err := check(id, string(v), "is requested to stop"); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // repeatsOwnStop reports whether t, an agent's own stop request, would
