@@ -101,8 +101,14 @@ export function withoutSecret(text: string, token: string, what: string): string
 
 /**
  * A thrown value as text: an Error's message, or the value itself as text,
- * and none when it has no text (a value String() throws on, {"toString":
- * 1}). Never throws: what reports a failure must not fail on it.
+ * and none when it has no text. Never throws: a tool that rethrows its
+ * input (or an upstream's answer to it) as it came throws what a rogue
+ * caller chose, a value String() throws on ({"toString": 1}) or an error
+ * whose message is no text, and a tool gate that threw on describing it
+ * never reported the call's end (rogue40G test: the call in flight for
+ * good, the agent's drain held to its deadline, the gate's cancel then
+ * recorded unacknowledged), as the Go gate records a handler that panicked
+ * failed.
  */
 export function textOf(err: unknown, none: string): string {
   try {

@@ -6,10 +6,16 @@
 //   subprocesses, its leases) still ran: an agent whose process ends when
 //   run does was cut off in the middle of its cleanup. And a callback
 //   registered after its signal ran unguarded.
+// - a gated tool whose failure the gate could not put into words (a value
+//   that has no text, an error whose message is not text: what a tool that
+//   rethrows its input, or an upstream's answer to it, throws) left its call
+//   in flight in the ledger for good: the gate threw on describing it and
+//   never reported the end.
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
 import { Agent, type Signal } from "../src/index.js";
+import { CallState } from "../src/gen/tether/v1/tool_pb.js";
 import { abortWaitHooks } from "../src/internal.js";
 import { startServer, TestServer } from "./server.js";
 
@@ -136,4 +142,59 @@ describe("rogue40G: run and the onAbort callbacks", () => {
       agent.close();
     }
   });
+});
+
+describe("rogue40G: a gated tool whose failure has no text", () => {
+  // A tool that rethrows what its input (or an upstream's answer to it)
+  // says went wrong, as it came: a rogue agent's JSON input decides the
+  // value thrown. The gate described the failure for the ledger with
+  // String() or the message's replaceAll, threw on it, and never reported
+  // the call's end: the call stayed in flight for good, the agent's drain
+  // waited for it to its deadline and the abort then recorded the gate's
+  // cancel unacknowledged (the tool server blamed for a call that had
+  // ended).
+  const inputs: [string, string, (input: string) => never][] = [
+    [
+      "a thrown value with no text",
+      '{"toString": 1, "detail": "rogue input"}',
+      (input) => {
+        throw JSON.parse(input);
+      },
+    ],
+    [
+      "an error whose message is not text",
+      '{"message": {"detail": "rogue input"}}',
+      (input) => {
+        throw Object.assign(new Error("the upstream refused"), JSON.parse(input));
+      },
+    ],
+  ];
+  for (const [what, input, tool] of inputs) {
+    test(`a tool that fails with ${what} is recorded failed`, async () => {
+      const gate = await server.gate(`rogue40G-gate-${what.replaceAll(" ", "-")}`);
+      const { agent, grant } = await server.rootAgent(`rogue40G-${what.replaceAll(" ", "-")}`);
+      let thrown: unknown;
+      let rejected: unknown;
+      await gate
+        .call(grant.token, "shell", () => {
+          try {
+            tool(input);
+          } catch (err) {
+            thrown = err;
+            throw err;
+          }
+        })
+        .then(
+          () => assert.fail("the failing tool's call resolved"),
+          (err: unknown) => (rejected = err),
+        );
+      const open = await server.operator.tool.listCalls({ nodeId: agent.nodeId });
+      assert.deepEqual(
+        open.calls.map((c) => `${c.callId}: ${CallState[c.state]}`),
+        [],
+        "the ledger holds the call open after its tool failed: nobody will end it",
+      );
+      assert.equal(rejected, thrown, "the gate's caller did not get the tool's own failure");
+    });
+  }
 });
