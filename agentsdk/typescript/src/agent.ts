@@ -6,7 +6,7 @@ import type { Node, SessionRequest, SessionResponse, SessionSignal } from "./gen
 import { SignalKind } from "./gen/tether/v1/agent_pb.js";
 import type { Grant as GrantMessage } from "./gen/tether/v1/capability_pb.js";
 import type { StopProposal } from "./gen/tether/v1/proposal_pb.js";
-import { AsyncQueue, dateOf, durationFromMs, printedWithout, sleep } from "./internal.js";
+import { abortWaitHooks, AsyncQueue, dateOf, durationFromMs, printedWithout, sleep, textOf } from "./internal.js";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { timestampDate } from "@bufbuild/protobuf/wkt";
 import type { SessionRequestSchema } from "./gen/tether/v1/agent_pb.js";
@@ -91,6 +91,9 @@ export class Agent {
   #exited = false;
   // The latest run's warn: where a failed signal callback is reported.
   #warn?: (message: string) => void;
+  // The onAbort callbacks' promises not yet settled (each already
+  // guarded): run waits for them before it ends on a dead credential.
+  #abortRunning = new Set<Promise<void>>();
 
   private constructor(conn: Conn, node: Node, credentialExpiresAt?: Date) {
     this.conn = conn;
@@ -189,16 +192,24 @@ export class Agent {
    * awaited: it may wait for the work in flight, or for confirmExit. The
    * signals abort before any callback runs; a callback that throws, or
    * whose promise rejects, is reported to {@link RunOptions.warn} and the
-   * next one runs.
+   * next one runs; so is one registered after its signal, run at once.
    */
   onDrain(f: (s: Signal) => void): void {
-    if (this.#drained) f(this.#drained);
+    if (this.#drained) this.#callback("onDrain", f, this.#drained);
     else this.#onDrain.push(f);
   }
 
-  /** Registers a callback run once when an abort arrives, at once if it already has. */
+  /**
+   * Registers a callback run once when an abort arrives, at once if it
+   * already has, guarded as {@link Agent.onDrain}'s. An async callback's
+   * promise is not awaited by the signal, but {@link Agent.run}, ending on
+   * a dead credential, settles only once every onAbort callback's promise
+   * has (those the abort signal started and those registered after it), so
+   * that an agent whose process ends with run has done its cleanup: it
+   * must not wait for run itself (unless it aborts run's signal first).
+   */
   onAbort(f: (s: Signal) => void): void {
-    if (this.#aborted) f(this.#aborted);
+    if (this.#aborted) this.#callback("onAbort", f, this.#aborted);
     else this.#onAbort.push(f);
   }
 
@@ -246,16 +257,48 @@ export class Agent {
     for (const f of abortFs) this.#callback("onAbort", f, s);
   }
 
-  /** Runs a signal callback; its throw or its promise's rejection goes to the run's warn. */
-  #callback(which: string, f: (s: Signal) => void, s: Signal): void {
-    const failed = (err: unknown) => this.#warn?.(`tether: an ${which} callback failed: ${err instanceof Error ? err.message : String(err)}`);
+  /**
+   * Runs a signal callback; its throw or its promise's rejection goes to
+   * the run's warn. An onAbort callback's promise is noted as running
+   * until it settles (run waits for it).
+   */
+  #callback(which: "onDrain" | "onAbort", f: (s: Signal) => void, s: Signal): void {
+    const failed = (err: unknown) => this.#warn?.(`tether: an ${which} callback failed: ${textOf(err, "with a value that has no text")}`);
     try {
       const r: unknown = f(s);
       if (r !== null && typeof r === "object" && typeof (r as PromiseLike<unknown>).then === "function") {
-        (r as PromiseLike<unknown>).then(undefined, failed);
+        const settled = Promise.resolve(r as PromiseLike<unknown>).then(() => {}, failed);
+        if (which === "onAbort") {
+          this.#abortRunning.add(settled);
+          void settled.then(() => this.#abortRunning.delete(settled));
+        }
       }
     } catch (err) {
       failed(err);
+    }
+  }
+
+  /**
+   * Resolves once no onAbort callback's promise is pending (those started
+   * while it waits included), or once signal aborts: Go's Run returns a
+   * dead credential's refusal once no OnAbort callback runs. run returned
+   * at once, the callbacks the session's abort signal had started still
+   * running, and an agent whose process ends with run (`await
+   * agent.run(); process.exit()`) was cut off in the middle of its
+   * cleanup (rogue40G test).
+   */
+  async #abortCallbacksSettled(signal?: AbortSignal): Promise<void> {
+    abortWaitHooks.get(this)?.();
+    if (this.#abortRunning.size === 0 || signal?.aborted) return;
+    let onStop: (() => void) | undefined;
+    const stopped = new Promise<void>((resolve) => (onStop = resolve));
+    signal?.addEventListener("abort", onStop!, { once: true });
+    try {
+      while (this.#abortRunning.size > 0 && !signal?.aborted) {
+        await Promise.race([Promise.all(this.#abortRunning), stopped]);
+      }
+    } finally {
+      signal?.removeEventListener("abort", onStop!);
     }
   }
 
@@ -267,7 +310,10 @@ export class Agent {
    * terminated after it was told so; it rejects when the credential is
    * refused without a signal first, or the control plane refuses the
    * session because the node's exit was confirmed (failed_precondition; a
-   * launcher's attestation): the agent's work is aborted then too.
+   * launcher's attestation): the agent's work is aborted then too. Ending
+   * so, on a dead credential, it settles once the onAbort callbacks'
+   * promises have (those the abort signal started before included; see
+   * {@link Agent.onAbort}), or options.signal aborts.
    * The wait before a reconnect doubles from 100 ms up to 5 s while
    * sessions fail to open, and starts again from 100 ms after one opened.
    */
@@ -293,6 +339,7 @@ export class Agent {
         // reconnect to. Make sure work stops.
         const told = this.#drain.signal.aborted;
         this.#handle({ kind: SignalKind.ABORT, terminationId: "", reason: `credential rejected: ${Code[code]}` });
+        await this.#abortCallbacksSettled(options.signal);
         if (told) return;
         throw err;
       }
@@ -305,6 +352,7 @@ export class Agent {
         // work was never told to stop.
         const told = this.#drain.signal.aborted;
         this.#handle({ kind: SignalKind.ABORT, terminationId: "", reason: "the node's exit was confirmed: stop now" });
+        await this.#abortCallbacksSettled(options.signal);
         if (told) return;
         throw err;
       }

@@ -100,12 +100,39 @@ export function withoutSecret(text: string, token: string, what: string): string
 }
 
 /**
+ * A thrown value as text: an Error's message, or the value itself as text,
+ * and none when it has no text. Never throws: a tool that rethrows its
+ * input (or an upstream's answer to it) as it came throws what a rogue
+ * caller chose, a value String() throws on ({"toString": 1}) or an error
+ * whose message is no text, and a tool gate that threw on describing it
+ * never reported the call's end (rogue40G test: the call in flight for
+ * good, the agent's drain held to its deadline, the gate's cancel then
+ * recorded unacknowledged), as the Go gate records a handler that panicked
+ * failed.
+ */
+export function textOf(err: unknown, none: string): string {
+  try {
+    const message: unknown = err instanceof Error ? err.message : err;
+    return typeof message === "string" ? message : String(message);
+  } catch {
+    return none;
+  }
+}
+
+/**
  * Tests only: a verifier's function called after it applies each
  * revocation feed message, and waited for before the next is read, to
  * check what it accepts between two messages of one answer. Not exported
  * from the package.
  */
 export const feedHooks = new WeakMap<object, (msg: import("./gen/tether/v1/capability_pb.js").WatchRevocationsResponse) => Promise<void>>();
+
+/**
+ * Tests only: an agent's function called in its run once its credential
+ * (or its session) was refused and the abort noted, before run waits for
+ * the onAbort callbacks still running. Not exported from the package.
+ */
+export const abortWaitHooks = new WeakMap<object, () => void>();
 
 const inspectCustom = Symbol.for("nodejs.util.inspect.custom");
 

@@ -5,7 +5,7 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import { Conn } from "./conn.js";
 import { ToolCallCancelled } from "./errors.js";
 import type { ToolCall } from "./gen/tether/v1/tool_pb.js";
-import { anySignal, sleep, withoutSecret } from "./internal.js";
+import { anySignal, sleep, textOf, withoutSecret } from "./internal.js";
 
 /** Where a tool server's caller puts its capability token (Authorization stays free for the tool's own auth). */
 export const CapabilityHeader = "X-Tether-Capability";
@@ -324,6 +324,6 @@ function stoppedBy(failure: unknown, reason: unknown): boolean {
  * before the clip, which could leave a usable piece.
  */
 function describe(err: unknown, token: string): string {
-  const text = withoutSecret(err instanceof Error ? err.message : String(err), token, "capability token");
+  const text = withoutSecret(textOf(err, "the tool failed with a value that has no text"), token, "capability token");
   return text.length > 512 ? `${text.slice(0, 509)}...` : text;
 }
