@@ -21,7 +21,7 @@ import (
 // request is made only if one of holders still holds the job when it is
 // judged, so a stop never halts the work of the agent the job moved to.
 func (c *Coordinator) CancelHeldBy(ctx context.Context, holders []string, reason string) error {
-	jobs, err := c.heldBy(ctx, holders, "")
+	jobs, err := c.heldBy(ctx, holders, "", 0)
 	if err != nil {
 		return err
 	}
@@ -134,7 +134,7 @@ func (c *Coordinator) FinalizeHeldBy(ctx context.Context, holders []string, reas
 func (c *Coordinator) FinalizeHeldByPage(ctx context.Context, holders []string, reason, after string, limit int) (leases []lease.Lease, more bool, err error) {
 	held := holderSet(holders)
 	for {
-		jobs, err := c.heldBy(ctx, holders, after)
+		jobs, err := c.heldBy(ctx, holders, after, limit)
 		if err != nil {
 			return nil, false, err
 		}

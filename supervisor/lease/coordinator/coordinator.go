@@ -181,6 +181,10 @@ type Coordinator struct {
 	// countReads counts what CountHeldBy's shards read to answer: a
 	// stop rule asks on every evaluation of a node.
 	countReads atomic.Int64
+	// listCopies counts what the shards copied into their answers to a
+	// listing (List, ListHeldBy: leases; a termination's heldBy: job
+	// ids), a page of them being all an answer needs.
+	listCopies atomic.Int64
 
 	// door guards handing ops to the shards against the end of a run:
 	// senders hold it shared, Run takes it exclusively to stop serving, so
@@ -1091,8 +1095,10 @@ func (c *Coordinator) nextUnknown() uint64 {
 
 // heldBy returns the ids of the jobs whose current (judged) lease is held
 // by one of holders, on every shard, those after job id after only, in
-// order.
-func (c *Coordinator) heldBy(ctx context.Context, holders []string, after string) ([]string, error) {
+// order: with a limit, at least the first limit + 1 of them (each shard
+// keeps its first limit + 1), so that a page of a holder's jobs costs a
+// page, not every job it ever held after the page's start.
+func (c *Coordinator) heldBy(ctx context.Context, holders []string, after string, limit int) ([]string, error) {
 	set := holderSet(holders)
 	type part struct {
 		jobs []string
@@ -1100,7 +1106,7 @@ func (c *Coordinator) heldBy(ctx context.Context, holders []string, after string
 	}
 	ch := make(chan part, len(c.shards))
 	for _, s := range c.shards {
-		c.send(s, op{kind: opHeldBy, holders: set, after: after, jobs: func(jobs []string, err error) { ch <- part{jobs, err} }})
+		c.send(s, op{kind: opHeldBy, holders: set, after: after, limit: limit, jobs: func(jobs []string, err error) { ch <- part{jobs, err} }})
 	}
 	var jobs []string
 	for range c.shards {

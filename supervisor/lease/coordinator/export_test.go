@@ -180,6 +180,10 @@ func SetApplyWindow(t interface{ Cleanup(func()) }, n int) {
 // CountReads is how many entries CountHeldBy's shards have read.
 func (c *Coordinator) CountReads() int64 { return c.countReads.Load() }
 
+// ListCopies is how many leases (and job ids) the shards have copied
+// into their answers to listings.
+func (c *Coordinator) ListCopies() int64 { return c.listCopies.Load() }
+
 // HoldersRemembered is how many holders the bounds remember an account
 // of.
 func (c *Coordinator) HoldersRemembered() int {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/tetherhq/tether/supervisor/lease"
@@ -509,22 +507,24 @@ func (s *shard) handle(o op) {
 	case opList:
 		s.takeFinished()
 		s.expireBeforeRead()
-		var out []lease.Lease
+		// A page needs its first limit + 1 leases (the last says another
+		// page follows): only those are copied and ordered.
+		first := newFirstJobs(pageKeep(o.limit), func(l *lease.Lease) string { return l.JobID })
 		settling := false
 		take := func(jobs map[string]*entry, holder string) {
 			for job, e := range jobs {
 				if !e.durable.Exists() || job <= o.after || (holder != "" && e.durable.HolderIdentity != holder) {
 					continue
 				}
-				l := e.durable
-				if lease.Due(l, s.lastNow) {
+				l := &e.durable
+				if lease.Due(*l, s.lastNow) {
 					// As for opGet: what the clock decided, once durable.
-					l, settling = e.pending, true
+					l, settling = &e.pending, true
 					if holder != "" && l.HolderIdentity != holder {
 						continue
 					}
 				}
-				out = append(out, l)
+				first.offer(l)
 			}
 		}
 		switch {
@@ -537,10 +537,12 @@ func (s *shard) handle(o op) {
 		default:
 			take(s.leases, "")
 		}
-		slices.SortFunc(out, func(a, b lease.Lease) int { return strings.Compare(a.JobID, b.JobID) })
-		if o.limit > 0 && len(out) > o.limit+1 {
-			out = out[:o.limit+1]
+		kept := first.sorted()
+		out := make([]lease.Lease, len(kept))
+		for i, l := range kept {
+			out[i] = *l
 		}
+		s.c.listCopies.Add(int64(len(out)))
 		if settling {
 			list := o.list
 			s.building.answers = append(s.building.answers, pendingAnswer{done: func(_ Result, err error) {
@@ -562,16 +564,27 @@ func (s *shard) handle(o op) {
 		}
 		o.counts(counts, nil)
 	case opHeldBy:
-		var jobs []string
+		first := newFirstJobs(pageKeep(o.limit), func(job string) string { return job })
 		for holder := range o.holders {
 			for job, e := range s.judged[holder] {
 				if e.pending.HolderIdentity == holder && job > o.after {
-					jobs = append(jobs, job)
+					first.offer(job)
 				}
 			}
 		}
+		jobs := first.sorted()
+		s.c.listCopies.Add(int64(len(jobs)))
 		o.jobs(jobs, nil)
 	}
+}
+
+// pageKeep is how many of the jobs it walks a shard keeps for a page of
+// limit (0: every one): the page's, and one that says another follows.
+func pageKeep(limit int) int {
+	if limit <= 0 {
+		return 0
+	}
+	return limit + 1
 }
 
 // takeFinished publishes a committed batch that is waiting, and answers
