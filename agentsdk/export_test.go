@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/internal/tokencache"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -137,4 +139,31 @@ func WhenRunWaitsForAbortCallbacks(a *Agent, f func()) (undo func()) {
 	}
 	runWaitsForAbortCallbacks.Store(&hook)
 	return func() { runWaitsForAbortCallbacks.Store(nil) }
+}
+
+// CachedToken reports whether v's cache holds token's claims.
+func CachedToken(v *Verifier, token string) bool {
+	if v.cache == nil {
+		return false
+	}
+	v.cacheMu.RLock()
+	defer v.cacheMu.RUnlock()
+	_, ok := v.cache.Get(tokencache.Digest(token))
+	return ok
+}
+
+// CachedBytes is what v's cache holds, in bytes: each entry's key (the
+// token, or its digest) and the strings of its claims.
+func CachedBytes(v *Verifier) int {
+	if v.cache == nil {
+		return 0
+	}
+	v.cacheMu.RLock()
+	defer v.cacheMu.RUnlock()
+	n := 0
+	v.cache.Range(func(sum tokencache.Sum, c *capability.Claims) bool {
+		n += len(sum) + claimBytes(*c)
+		return true
+	})
+	return n
 }

@@ -97,7 +97,7 @@ func TestRogue31GARogueMintingTokensCannotFillTheVerifiersCache(t *testing.T) {
 			t.Fatalf("the rogue's token %d: %v", i, err)
 		}
 	}
-	if n := v.cacheLen.Load(); n != MaxCachedTokensPerHolder {
+	if n := v.cache.Len(); n != MaxCachedTokensPerHolder {
 		t.Fatalf("%d cache entries of one holder, want %d", n, MaxCachedTokensPerHolder)
 	}
 	honest, err := capability.Delegate(rogue, capability.DelegateRequest{GrantID: "g_honest", Issuer: "agent:n_child", HolderNodeID: "n_honest", Scopes: []string{"tool:shell"}}, []string{"n_root", "n_child"}, t0)
@@ -108,13 +108,13 @@ func TestRogue31GARogueMintingTokensCannotFillTheVerifiersCache(t *testing.T) {
 	if _, err := v.Verify(ctx, token); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := v.cache.Load(token); !ok {
+	if !CachedToken(v, token) {
 		t.Fatal("an honest caller's token is not cached after the rogue's")
 	}
 	// The newest of the rogue's are the ones kept, and expiry still drops
 	// an entry (and its place in the holder's list).
 	last := mint(t, ring, rogue, t0.Add(39*time.Second))
-	if _, ok := v.cache.Load(last); !ok {
+	if !CachedToken(v, last) {
 		t.Fatal("the rogue's newest token is not the one cached")
 	}
 	clk.Set(t0.Add(39*time.Second + capability.DefaultTokenTTL))
@@ -122,9 +122,9 @@ func TestRogue31GARogueMintingTokensCannotFillTheVerifiersCache(t *testing.T) {
 	if _, err := v.Verify(ctx, last); !errors.Is(err, capability.ErrTokenExpired) {
 		t.Fatalf("an expired cached token: %v", err)
 	}
-	v.cacheMu.Lock()
-	held := len(v.byHolder["n_child"])
-	v.cacheMu.Unlock()
+	v.cacheMu.RLock()
+	held := v.cache.Held("n_child")
+	v.cacheMu.RUnlock()
 	if held != MaxCachedTokensPerHolder-1 {
 		t.Fatalf("the holder lists %d cached tokens after one expired, want %d", held, MaxCachedTokensPerHolder-1)
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/internal/tokencache"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -25,7 +25,12 @@ const Audience = "tether-tools"
 // Verifier defaults.
 const (
 	DefaultStalenessBudget = 10 * time.Second
-	DefaultCacheSize       = 1 << 16
+	// DefaultCacheSize is the verified tokens a Verifier caches by
+	// default: at most MaxCachedClaimBytes of claims each and no token
+	// (its digest), some 40 MiB at worst. It was 65,536 entries, each
+	// keeping the token and its claims, 640 MiB of a rogue's at worst
+	// (rogue40f test).
+	DefaultCacheSize       = 1 << 14
 	DefaultJWKSMinInterval = 10 * time.Second
 	// DefaultJWKSFetchTimeout bounds one fetch of the key set, its body
 	// included (the TypeScript verifier's bound): a peer trickling the key
@@ -50,6 +55,14 @@ const (
 // caller's token paid its signature check again on every call. The
 // control plane's cache of credentials holds as many of one principal's.
 const MaxCachedTokensPerHolder = 4
+
+// MaxCachedClaimBytes bounds the claims a Verifier caches of one token
+// (the bytes of its ids, chain and scopes): a token carrying more is
+// verified, signature and all, at each call, and never cached. An agent's
+// token of a few scopes carries a few hundred bytes; a rogue's grant of 32
+// scopes of 128 bytes, delegated to each of its children, carries 4 KiB,
+// and its token 6 KiB more, all of which each cache entry kept.
+const MaxCachedClaimBytes = 2 << 10
 
 // ErrScopeNotGranted is returned by Authorize when a valid, unrevoked token
 // does not carry the scope the call needs.
@@ -90,7 +103,14 @@ type VerifierConfig struct {
 	StalenessBudget time.Duration
 	// CacheSize bounds the verified tokens kept (until they expire) so that
 	// their signatures are not checked again; default DefaultCacheSize,
-	// negative to disable the cache.
+	// negative to disable the cache. An entry keeps the token's digest and
+	// its claims (at most MaxCachedClaimBytes), at most
+	// MaxCachedTokensPerHolder of one holder's; once the cache is full, a
+	// token of a lineage (its root grant and all delegated under it)
+	// holding an eighth of it or more replaces its lineage's oldest, and
+	// any other's makes room, expired entries and the largest lineages'
+	// oldest first (the control plane's own caches' rule): a rogue whose
+	// children each present their tokens keeps at most its share.
 	CacheSize int
 	// JWKSMinInterval is the least time between two key-set fetches caused
 	// by unknown kids; default DefaultJWKSMinInterval.
@@ -115,7 +135,9 @@ type VerifierConfig struct {
 //     token is looked at and again after (a key-set fetch may have taken
 //     its time);
 //  2. verifies the token, or finds it in the cache of tokens already
-//     verified (the cache skips only the signature and claim parsing);
+//     verified (the cache skips only the signature and claim parsing; it
+//     keeps the token's digest, not the token, and is bounded per holder,
+//     per lineage and by the claims of an entry: VerifierConfig.CacheSize);
 //  3. rejects a token past its exp, and one whose jti or any chain entry is
 //     tombstoned (capability.ErrGrantRevoked);
 //  4. when the feed follows one tree only (an agent's credential), rejects
@@ -133,12 +155,10 @@ type Verifier struct {
 	// feed is the clock the feed's age is measured on (feedClock).
 	feed *feedClock
 
-	cache    sync.Map // token → *capability.Claims
-	cacheLen atomic.Int64
-	// cacheMu serializes the cache's writes; byHolder lists each holder's
-	// cached tokens, oldest first.
-	cacheMu  sync.Mutex
-	byHolder map[string][]string
+	// cache maps a token's digest to its verified claims (nil: no
+	// cache); cacheMu guards it, read-locked for a lookup.
+	cacheMu sync.RWMutex
+	cache   *tokencache.Cache[*capability.Claims]
 
 	ready     chan struct{}
 	readyOnce sync.Once
@@ -200,7 +220,9 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 		jwks:       newJWKSCache(cfg.Conn.BaseURL, cfg.Conn.HTTP, cfg.Clock.Now, cfg.JWKSMinInterval, cfg.JWKSFetchTimeout),
 		tombstones: &capability.TombstoneSet{},
 		ready:      make(chan struct{}),
-		byHolder:   map[string][]string{},
+	}
+	if cfg.CacheSize > 0 {
+		ver.cache = tokencache.New[*capability.Claims](cfg.CacheSize, MaxCachedTokensPerHolder, max(1, cfg.CacheSize/8))
 	}
 	revised := make(chan struct{})
 	ver.revised.Store(&revised)
@@ -334,13 +356,17 @@ func (v *Verifier) Authorize(ctx context.Context, token, requiredScope string) (
 // claims returns the verified claims of token, from the cache when it was
 // verified before and has not expired.
 func (v *Verifier) claims(ctx context.Context, token string, now time.Time) (*capability.Claims, error) {
-	if v.cfg.CacheSize > 0 {
-		if cached, ok := v.cache.Load(token); ok {
-			c := cached.(*capability.Claims)
+	var sum tokencache.Sum
+	if v.cache != nil {
+		sum = tokencache.Digest(token)
+		v.cacheMu.RLock()
+		c, ok := v.cache.Get(sum)
+		v.cacheMu.RUnlock()
+		if ok {
 			if now.Before(c.ExpiresAt) {
 				return c, nil
 			}
-			v.forget(token)
+			v.forget(sum)
 			return nil, fmt.Errorf("%w: token for grant %s expired at %s", capability.ErrTokenExpired, c.GrantID, c.ExpiresAt.UTC().Format(time.RFC3339))
 		}
 	}
@@ -359,56 +385,56 @@ func (v *Verifier) claims(ctx context.Context, token string, now time.Time) (*ca
 		return nil, err
 	}
 	c := &claims
-	if v.cfg.CacheSize > 0 {
-		v.remember(token, c)
+	if v.cache != nil {
+		v.remember(sum, c, now)
 	}
 	return c, nil
 }
 
-// remember caches a verified token's claims while the cache has room, at
-// most MaxCachedTokensPerHolder of one holder's: its next replaces its
-// oldest.
-func (v *Verifier) remember(token string, c *capability.Claims) {
+// remember caches a verified token's claims under its digest, unless they
+// pass MaxCachedClaimBytes: at most MaxCachedTokensPerHolder of one
+// holder's (its next replaces its oldest), and, once the cache is full, a
+// lineage's share (tokencache).
+func (v *Verifier) remember(sum tokencache.Sum, c *capability.Claims, now time.Time) {
+	if claimBytes(*c) > MaxCachedClaimBytes {
+		return
+	}
 	v.cacheMu.Lock()
 	defer v.cacheMu.Unlock()
-	if _, ok := v.cache.Load(token); ok {
+	if _, ok := v.cache.Get(sum); ok {
 		return
 	}
-	held := v.byHolder[c.HolderNodeID]
-	if len(held) >= MaxCachedTokensPerHolder {
-		v.forgetLocked(held[0])
-		held = v.byHolder[c.HolderNodeID]
-	} else if v.cacheLen.Load() >= int64(v.cfg.CacheSize) {
-		return
-	}
-	v.cache.Store(token, c)
-	v.cacheLen.Add(1)
-	v.byHolder[c.HolderNodeID] = append(held, token)
+	v.cache.Put(sum, c.HolderNodeID, lineageOf(*c), c.ExpiresAt, now, c)
 }
 
-// forget drops token from the cache.
-func (v *Verifier) forget(token string) {
+// forget drops a token's entry from the cache.
+func (v *Verifier) forget(sum tokencache.Sum) {
 	v.cacheMu.Lock()
 	defer v.cacheMu.Unlock()
-	v.forgetLocked(token)
+	v.cache.Remove(sum)
 }
 
-func (v *Verifier) forgetLocked(token string) {
-	cached, ok := v.cache.LoadAndDelete(token)
-	if !ok {
-		return
+// claimBytes is what the strings of c hold, in bytes: what a cache entry
+// keeps of the token.
+func claimBytes(c capability.Claims) int {
+	n := len(c.GrantID) + len(c.HolderNodeID) + len(c.Root) + len(c.KeyID)
+	for _, s := range c.Chain {
+		n += len(s)
 	}
-	v.cacheLen.Add(-1)
-	holder := cached.(*capability.Claims).HolderNodeID
-	held := v.byHolder[holder]
-	if i := slices.Index(held, token); i >= 0 {
-		held = slices.Delete(held, i, i+1)
+	for _, s := range c.Scopes {
+		n += len(s)
 	}
-	if len(held) == 0 {
-		delete(v.byHolder, holder)
-	} else {
-		v.byHolder[holder] = held
+	return n
+}
+
+// lineageOf is the lineage of a token's grant: the root grant of its
+// chain, or the grant itself for a root grant (the control plane's
+// caches group tokens so too).
+func lineageOf(c capability.Claims) string {
+	if len(c.Chain) > 0 {
+		return c.Chain[0]
 	}
+	return c.GrantID
 }
 
 // Ready is closed once the first feed message has been applied: from then
@@ -646,12 +672,11 @@ func (v *Verifier) maintain(ctx context.Context) {
 		}
 		now := v.cfg.Clock.Now()
 		v.tombstones.Prune(now)
-		v.cache.Range(func(token, c any) bool {
-			if !now.Before(c.(*capability.Claims).ExpiresAt) {
-				v.forget(token.(string))
-			}
-			return true
-		})
+		if v.cache != nil {
+			v.cacheMu.Lock()
+			v.cache.Expire(now)
+			v.cacheMu.Unlock()
+		}
 		if now.Sub(lastJWKS) >= jwksRefreshEvery {
 			lastJWKS = now
 			if err := v.jwks.refresh(ctx); err != nil && ctx.Err() == nil {

@@ -30,8 +30,17 @@ import (
 // Sum is a token's digest, the key of its entry.
 type Sum = [sha256.Size]byte
 
-// Digest returns token's Sum.
-func Digest(token string) Sum { return sha256.Sum256([]byte(token)) }
+// Digest returns token's Sum. A token of up to 2 KiB (an agent's, a
+// tool call's) is hashed from a copy on the stack: the conversion of a
+// longer string than 32 bytes to the bytes sha256 reads allocated on
+// every lookup, a cache hit's only allocation.
+func Digest(token string) Sum {
+	var buf [2 << 10]byte
+	if len(token) <= len(buf) {
+		return sha256.Sum256(buf[:copy(buf[:], token)])
+	}
+	return sha256.Sum256([]byte(token))
+}
 
 // Cache maps a token's Sum to a V. It is not safe for concurrent use: its
 // owner holds a lock around it.
@@ -210,6 +219,16 @@ func (c *Cache[V]) oldest(group string) Sum {
 	}
 }
 
+// Expire removes every entry expired at now (its expires not after it):
+// an owner sweeping its cache now and then.
+func (c *Cache[V]) Expire(now time.Time) {
+	for sum, e := range c.entries {
+		if !now.Before(e.expires) {
+			c.Remove(sum)
+		}
+	}
+}
+
 // evict makes room: expired entries first, then the oldest of the groups
 // holding more than their share, down to it, then arbitrary ones (map
 // order), until a quarter of the cache is free. Without the second step a
@@ -218,11 +237,7 @@ func (c *Cache[V]) oldest(group string) Sum {
 // entries at random, others' among them, and filled the quarter again
 // (rogue37b test).
 func (c *Cache[V]) evict(now time.Time) {
-	for sum, e := range c.entries {
-		if !now.Before(e.expires) {
-			c.Remove(sum)
-		}
-	}
+	c.Expire(now)
 	if c.groupShare > 0 {
 		for group := range c.groups {
 			for c.InGroup(group) > c.groupShare && len(c.entries) > c.max*3/4 {
@@ -308,6 +323,16 @@ func (c *Cache[V]) level(n int) {
 		if c.InGroup(g.name) > 0 {
 			c.Remove(c.oldest(g.name))
 			n--
+		}
+	}
+}
+
+// Range calls fn with each entry kept, in no order, until fn returns
+// false.
+func (c *Cache[V]) Range(fn func(sum Sum, v V) bool) {
+	for sum, e := range c.entries {
+		if !fn(sum, e.value) {
+			return
 		}
 	}
 }
