@@ -109,7 +109,8 @@ type ConnLimits struct {
 	fileLimited int
 	// ControlFrames bounds the HTTP/2 frames of a connection that carry
 	// no request's work — PING, SETTINGS, WINDOW_UPDATE, PRIORITY,
-	// RST_STREAM, empty DATA, HEADERS and CONTINUATION frames — that its
+	// RST_STREAM, empty DATA, DATA on a stream already ended or reset,
+	// HEADERS and CONTINUATION frames — that its
 	// peer may send ahead of what earned them: each request on the
 	// connection the auth Gate judges (admitted, or refused and charged
 	// to the budget of requests without a valid credential or of

@@ -147,6 +147,11 @@ type frameGuard struct {
 	// budget: the frames the peer may still send that carry no
 	// request's work (frameBudget); nil: unbounded.
 	budget *frameBudget
+	// open: the streams the peer opened (a HEADERS frame without
+	// END_STREAM) that neither side has ended since (END_STREAM, or
+	// RST_STREAM), at most MaxOpenStreamsFollowed: the streams whose DATA
+	// frames carry a request's body. Kept with the budget.
+	open map[uint32]struct{}
 
 	readMu  sync.Mutex
 	in      frameScanner // under readMu
@@ -170,6 +175,7 @@ func newFrameGuard(c net.Conn, limits frameLimits) *frameGuard {
 	g.out.cookie = [8]byte(g.ping[9:])
 	if limits.burst > 0 {
 		g.budget = &frameBudget{limits: limits, credit: float64(limits.burst), last: limits.clock.Now()}
+		g.open = map[uint32]struct{}{}
 		g.in.charge = g.charge
 		// The connection's admitted requests earn it frames
 		// (limitedConn.earnFrames).
@@ -204,8 +210,9 @@ type frameLimits struct {
 const FramesPerRequest = 16
 
 // frameBudget is a connection's budget of frames that carry no request's
-// work — every frame but a DATA frame with a payload (not padded), each
-// HEADERS and CONTINUATION frame among them — of which the peer may send
+// work — every frame but a DATA frame with a payload (not padded) on a
+// stream the peer opened and neither side has ended, each HEADERS and
+// CONTINUATION frame among them — of which the peer may send
 // ControlFrames ahead. It refills by what the connection carries — each
 // request on it the auth Gate judges (FramesPerRequest), each frame the server sends
 // that its peer answers (a PING, a SETTINGS), each DATA frame of its
@@ -262,26 +269,67 @@ func (b *frameBudget) overdrawnLocked() bool {
 	return now.Sub(b.since) >= MaxThrottled
 }
 
-// frameCost is what a frame costs the budget, from its header: nothing
-// for a DATA frame carrying a payload (its bytes are a request's body,
-// charged by their size), one for any other.
-func frameCost(hdr *[9]byte) float64 {
+// MaxOpenStreamsFollowed bounds the streams a connection's frame guard
+// follows as open (frameGuard.open): four times what a connection may
+// carry at once by default (ConnLimits.MaxStreamsPerConn); a stream
+// opened past it has its body's DATA frames charged as frames.
+const MaxOpenStreamsFollowed = 1024
+
+// streamOf is the stream a frame's header names.
+func streamOf(hdr []byte) uint32 {
+	return uint32(hdr[5]&0x7f)<<24 | uint32(hdr[6])<<16 | uint32(hdr[7])<<8 | uint32(hdr[8])
+}
+
+// costLocked is what a frame the peer sent costs the budget, from its
+// header: nothing for a DATA frame carrying a payload on a stream the
+// peer opened and neither side has ended (its bytes are a request's body,
+// charged by their size), one for any other — a DATA frame on a stream
+// already ended or reset among them: its bytes are nobody's body, and Go's
+// HTTP/2 server answers each with a RST_STREAM. It follows the streams
+// the peer opens and ends (g.open). g.mu is held.
+func (g *frameGuard) costLocked(hdr *[9]byte) float64 {
 	length := int(hdr[0])<<16 | int(hdr[1])<<8 | int(hdr[2])
-	if hdr[3] == frameData && length > 0 && hdr[4]&flagPadded == 0 {
-		return 0
+	id, endStream := streamOf(hdr[:]), hdr[4]&flagEndStream != 0
+	cost := 1.0
+	switch hdr[3] {
+	case frameHeaders:
+		if _, open := g.open[id]; !open && !endStream && len(g.open) < MaxOpenStreamsFollowed {
+			g.open[id] = struct{}{}
+		} else if endStream {
+			delete(g.open, id)
+		}
+	case frameData:
+		if _, open := g.open[id]; open && length > 0 && hdr[4]&flagPadded == 0 {
+			cost = 0
+		}
+		if endStream {
+			delete(g.open, id)
+		}
+	case frameRSTStream:
+		delete(g.open, id)
 	}
-	return 1
+	return cost
+}
+
+// ended notes streams the server ended (its END_STREAM or RST_STREAM):
+// the peer's DATA frames on them carry no request's body any more.
+func (g *frameGuard) ended(ids []uint32) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, id := range ids {
+		delete(g.open, id)
+	}
 }
 
 // charge takes a frame the peer sent out of the budget, and reports
 // whether it is spent (the reads stop at the frame's end).
 func (g *frameGuard) charge(hdr *[9]byte) bool {
-	cost := frameCost(hdr)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	cost := g.costLocked(hdr)
 	if cost == 0 {
 		return false
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
 	b := g.budget
 	b.refill()
 	b.credit -= cost
@@ -415,6 +463,12 @@ func (g *frameGuard) Write(p []byte) (int, error) {
 		g.out.earned = 0
 		g.earn(earned)
 	}
+	if len(g.out.ended) > 0 {
+		if g.budget != nil {
+			g.ended(g.out.ended)
+		}
+		g.out.ended = g.out.ended[:0]
+	}
 	if acks > 0 {
 		g.mu.Lock()
 		g.waiting = false
@@ -465,11 +519,13 @@ type frameScanner struct {
 const (
 	frameData         = 0x0
 	frameHeaders      = 0x1
+	frameRSTStream    = 0x3
 	framePushPromise  = 0x5
 	frameSettings     = 0x4
 	framePing         = 0x6
 	frameContinuation = 0x9
 	flagAck           = 0x1
+	flagEndStream     = 0x1
 	flagEndHeaders    = 0x4
 	flagPadded        = 0x8
 )
@@ -535,6 +591,23 @@ type ackFilter struct {
 	// earned: the frames the peer may send in answer to what passed
 	// (earns), for the frame budget.
 	earned int
+	// ended: the streams the frames that passed ended (END_STREAM,
+	// RST_STREAM), for the frame budget (frameGuard.ended).
+	ended []uint32
+}
+
+// saw notes a frame the server writes, from its header: what it earns,
+// and the stream it ends.
+func (f *ackFilter) saw(hdr []byte) {
+	f.earned += earns(hdr)
+	switch hdr[3] {
+	case frameData, frameHeaders:
+		if hdr[4]&flagEndStream != 0 {
+			f.ended = append(f.ended, streamOf(hdr))
+		}
+	case frameRSTStream:
+		f.ended = append(f.ended, streamOf(hdr))
+	}
 }
 
 // earns is what a frame the server writes earns its peer's frame budget:
@@ -588,7 +661,7 @@ func (f *ackFilter) filter(p []byte) ([]byte, int) {
 			f.n += c
 			i += c
 			if f.n == len(pingAckHeader) {
-				f.earned += earns(f.buf[:])
+				f.saw(f.buf[:])
 				f.left, f.n = length(), 0
 			}
 			continue
@@ -607,7 +680,7 @@ func (f *ackFilter) filter(p []byte) ([]byte, int) {
 			}
 			f.hold, f.carried = false, false
 			if f.n == len(pingAckHeader) {
-				f.earned += earns(f.buf[:])
+				f.saw(f.buf[:])
 				f.left, f.n = length(), 0
 			}
 			continue
