@@ -26,6 +26,7 @@ import (
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/orphans"
 )
 
 // Config configures a Gateway.
@@ -418,8 +419,12 @@ func (g *Gateway) transport(u Upstream) mcp.Transport {
 	// A group of its own, killed once its connection has closed: what the
 	// upstream's process started (a call's worker) went on after it, when
 	// the gateway had recorded the call ended with the upstream gone.
+	// On Linux what leaves the group is adopted by the gateway's process
+	// from before the upstream starts, and killed likewise (orphans; the
+	// error, if any, is logged as the upstream connects).
 	ownGroup(cmd)
-	return stdioTransport{Transport: &mcp.CommandTransport{Command: cmd}, cmd: cmd, bound: g.answerBound(u.Name), exits: &g.exits}
+	_ = orphans.Adopt()
+	return stdioTransport{Transport: &mcp.CommandTransport{Command: cmd}, cmd: cmd, bound: g.answerBound(u.Name), exits: &g.exits, log: g.log, upstream: u.Name}
 }
 
 // answerBound bounds the gateway's writes of its answers to an upstream's

@@ -19,7 +19,8 @@ func ownGroup(cmd *exec.Cmd) {
 // endGroup kills what is left of the process group of cmd, a stdio
 // upstream whose connection has closed (the MCP SDK has waited for its
 // own process, or killed it). A process that left the group (setsid) is
-// beyond it. The group's id is not handed to another process while any
+// beyond it; on Linux the orphans sweep that follows reaches it
+// (abandonableWrites.Close). The group's id is not handed to another process while any
 // member is left, so the signal reaches no other group then; once none
 // is, the kill (sent as soon as the leader has been waited for) finds
 // none, unless the kernel handed the leader's pid to a new group leader

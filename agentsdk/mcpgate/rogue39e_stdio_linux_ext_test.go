@@ -49,7 +49,11 @@ func forksItsWork(dir string) {
 			continue
 		}
 		worker := exec.Command(os.Args[0])
-		worker.Env = append(os.Environ(), "MCPGATE_ROGUE39E_FORKS=", "MCPGATE_ROGUE39E_CRASHES=", "MCPGATE_ROGUE39E_WORKS="+dir)
+		worker.Env = append(os.Environ(), "MCPGATE_ROGUE39E_FORKS=", "MCPGATE_ROGUE39E_CRASHES=", "MCPGATE_ROGUE40E_SETSID=", "MCPGATE_ROGUE39E_WORKS="+dir)
+		if os.Getenv("MCPGATE_ROGUE40E_SETSID") != "" {
+			// Out of the upstream's process group, as a daemon leaves it.
+			worker.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		}
 		if worker.Start() != nil {
 			os.Exit(1)
 		}
@@ -95,7 +99,16 @@ func alive(pid int) bool {
 // is still there once Close has returned and the call is recorded
 // ended.)
 func TestRogue39EStdioUpstreamsWorkerDoesNotOutliveTheRecordedCall(t *testing.T) {
-	w, gw, endpoint, dir := forkingUpstreamGateway(t, false)
+	workerDoesNotOutliveTheRecordedCall(t, false)
+}
+
+// workerDoesNotOutliveTheRecordedCall has an agent call the forking
+// upstream's tool (its worker in a session of its own if setsid), closes
+// the gateway, and wants the call recorded ended once Close has returned
+// and the upstream's worker gone.
+func workerDoesNotOutliveTheRecordedCall(t *testing.T, setsid bool) {
+	t.Helper()
+	w, gw, endpoint, dir := forkingUpstreamGateway(t, false, setsid)
 
 	cs := connectAgent(t, endpoint, w.grant.Token, nil)
 	callCtx, leave := context.WithCancel(context.Background())
@@ -141,7 +154,11 @@ func TestRogue39EStdioUpstreamsWorkerDoesNotOutliveTheRecordedCall(t *testing.T)
 	if got := openCalls(); got != 0 {
 		t.Fatalf("the call abandoned at the gateway's close is still open in the ledger once Close returned (%d open)", got)
 	}
-	testserver.WaitFor(t, guardWait, "the upstream's worker to be gone", func() bool { return !alive(pid) })
+	// Killed before the call was recorded ended, and reaped (the gateway's
+	// process adopted it as a subreaper) before Close returned.
+	if alive(pid) {
+		t.Fatalf("the upstream's worker %d still runs once the gateway's Close has returned, the call recorded ended", pid)
+	}
 }
 
 // The same when the upstream's process ends mid-call: a rogue stdio
@@ -152,7 +169,15 @@ func TestRogue39EStdioUpstreamsWorkerDoesNotOutliveTheRecordedCall(t *testing.T)
 // killed as its connection closes, before the gateway starts it again.
 // (Fails, before that, because the worker is still there.)
 func TestRogue39EStdioUpstreamsWorkerDoesNotOutliveItsCrash(t *testing.T) {
-	w, _, endpoint, dir := forkingUpstreamGateway(t, true)
+	workerDoesNotOutliveItsCrash(t, false)
+}
+
+// workerDoesNotOutliveItsCrash has an agent call the forking upstream
+// that exits mid-call (its worker in a session of its own if setsid), and
+// wants the call failed and the upstream's worker gone.
+func workerDoesNotOutliveItsCrash(t *testing.T, setsid bool) {
+	t.Helper()
+	w, _, endpoint, dir := forkingUpstreamGateway(t, true, setsid)
 
 	cs := connectAgent(t, endpoint, w.grant.Token, nil)
 	_, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "put", Arguments: map[string]any{}})
@@ -174,8 +199,9 @@ func TestRogue39EStdioUpstreamsWorkerDoesNotOutliveItsCrash(t *testing.T) {
 // forkingUpstreamGateway starts a gateway whose one stdio upstream
 // ("forks") is this test binary run again as the rogue upstream that
 // hands its calls to a worker process, writing the worker's pid in dir;
-// crashes, it exits mid-call.
-func forkingUpstreamGateway(t *testing.T, crashes bool) (w *world, gw *mcpgate.Gateway, endpoint, dir string) {
+// crashes, it exits mid-call; setsid, its worker leaves its process group
+// (and session).
+func forkingUpstreamGateway(t *testing.T, crashes, setsid bool) (w *world, gw *mcpgate.Gateway, endpoint, dir string) {
 	t.Helper()
 	w = newWorld(t, "mcp:*")
 	exe, err := os.Executable()
@@ -186,6 +212,9 @@ func forkingUpstreamGateway(t *testing.T, crashes bool) (w *world, gw *mcpgate.G
 	env := map[string]string{"MCPGATE_ROGUE39E_FORKS": dir}
 	if crashes {
 		env["MCPGATE_ROGUE39E_CRASHES"] = "1"
+	}
+	if setsid {
+		env["MCPGATE_ROGUE40E_SETSID"] = "1"
 	}
 	gw = gatewayOnClockWith(t, w, clock.NewManual(w.clk.Now()), nil, func(c *mcpgate.Config) {
 		c.Upstreams = []mcpgate.Upstream{{Name: "forks", Command: []string{exe}, Env: env}}

@@ -2,12 +2,15 @@ package mcpgate
 
 import (
 	"context"
+	"log/slog"
 	"os/exec"
 	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/tetherhq/tether/internal/orphans"
 )
 
 // stdioTransport is a stdio upstream's transport: the SDK's, whose writes
@@ -16,9 +19,11 @@ import (
 // for the upstream's process in the background, in exits.
 type stdioTransport struct {
 	mcp.Transport
-	cmd   *exec.Cmd // the upstream's process, a group's leader (ownGroup)
-	bound answerBound
-	exits *exits
+	cmd      *exec.Cmd // the upstream's process, a group's leader (ownGroup)
+	bound    answerBound
+	exits    *exits
+	log      *slog.Logger
+	upstream string // its name
 }
 
 func (t stdioTransport) Connect(ctx context.Context) (mcp.Connection, error) {
@@ -26,8 +31,23 @@ func (t stdioTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	if err != nil {
 		return nil, err
 	}
-	return abandonableWrites{Connection: c, cmd: t.cmd, bound: t.bound, exits: t.exits}, nil
+	// Started, not yet waited for: /proc knows the process even if it
+	// exited already.
+	var left orphans.Watch
+	if t.cmd.Process != nil {
+		left = orphans.Start(t.cmd.Process.Pid)
+		if err := left.Err(); err != nil {
+			t.log.Warn("mcpgate: what a stdio upstream's process leaves outside its process group will not be stopped with it", "upstream", t.upstream, "error", err)
+		}
+	}
+	return abandonableWrites{Connection: c, cmd: t.cmd, bound: t.bound, exits: t.exits, orphans: left, log: t.log, upstream: t.upstream}, nil
 }
+
+// orphansGrace is how long the gateway goes on killing what a stdio
+// upstream left outside its process group (orphans.Sweep) before it
+// gives up and logs it: SIGKILL ends a process at once, and a sweep
+// gives up only on one that does not end.
+const orphansGrace = 5 * time.Second
 
 // abandonedWriteGrace is how long a write whose context ended may still
 // take before abandonableWrites ends the connection: writing a request of
@@ -62,12 +82,19 @@ const abandonedWriteGrace = time.Second
 // what is left of its process group is killed (endGroup), before the
 // closing is done: a process it started, which may be doing a call's
 // work, went on after the upstream had exited at its input's end, when
-// the gateway had recorded the calls abandoned ended.
+// the gateway had recorded the calls abandoned ended. On Linux so is what
+// left the group (a session of its own, setsid, as a daemon does, or a
+// double fork), which the gateway's process adopted as a child subreaper
+// (orphans): every orphan it adopted that started since the upstream's
+// process did, with everything below it.
 type abandonableWrites struct {
 	mcp.Connection
-	cmd   *exec.Cmd
-	bound answerBound
-	exits *exits
+	cmd      *exec.Cmd
+	bound    answerBound
+	exits    *exits
+	orphans  orphans.Watch
+	log      *slog.Logger
+	upstream string
 }
 
 func (c abandonableWrites) Close() error {
@@ -77,6 +104,9 @@ func (c abandonableWrites) Close() error {
 		_ = c.Connection.Close()
 		if c.cmd != nil {
 			endGroup(c.cmd)
+		}
+		if err := orphans.Sweep(c.orphans, time.Now().Add(orphansGrace)); err != nil && c.orphans.Err() == nil {
+			c.log.Warn("mcpgate: what a stdio upstream's process left behind is not proven gone", "upstream", c.upstream, "error", err)
 		}
 	}()
 	return nil

@@ -1,6 +1,6 @@
 //go:build linux
 
-package agentsdk
+package orphans
 
 import (
 	"fmt"
@@ -22,57 +22,67 @@ var subreaper struct {
 	err  error
 }
 
-// adoptOrphans makes the launcher's process a child subreaper (once, for
-// the whole process): a process orphaned anywhere below it — an agent's
-// grandchild whose parent exited, in whatever session or process group —
-// is reparented to it instead of to init, so it stays within reach.
+// adoptOrphans makes the program's process a child subreaper (once, for
+// the whole process): a process orphaned anywhere below it — a watched
+// process's child whose parent exited, in whatever session or process
+// group — is reparented to it instead of to init, so it stays within
+// reach.
 func adoptOrphans() error {
 	subreaper.once.Do(func() {
 		if _, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0); errno != 0 {
-			subreaper.err = fmt.Errorf("agentsdk: the launcher cannot adopt its agents' orphans (prctl PR_SET_CHILD_SUBREAPER: %w)", errno)
+			subreaper.err = fmt.Errorf("cannot adopt orphans (prctl PR_SET_CHILD_SUBREAPER: %w)", errno)
 		}
 	})
 	return subreaper.err
 }
 
-// orphanWatch is what the launcher needs to find an agent's orphans.
-type orphanWatch struct {
-	// since is when the agent's process started (clock ticks since boot,
+// Adopt makes the program's process a child subreaper, if it is not yet:
+// call it before starting a process to Watch, so that nothing it leaves
+// in between escapes.
+func Adopt() error { return adoptOrphans() }
+
+// Watch is what Sweep needs to find a watched process's orphans.
+type Watch struct {
+	// since is when the watched process started (clock ticks since boot,
 	// as /proc/<pid>/stat gives it): nothing that started earlier
 	// descends from it.
 	since uint64
 	// held: the program's own children can be told from orphans (the
-	// agent's process, just started by os/exec, is held by a pidfd).
+	// watched process, just started by os/exec, is held by a pidfd).
 	held bool
 	// err: orphans are not adopted, so none can be proven gone.
 	err error
 }
 
-// watchOrphans is called right after the agent's process pid started (and
-// before it is waited for, so /proc/<pid> is there even if it exited).
-func watchOrphans(pid int) orphanWatch {
+// Err says why the watched process's orphans cannot be proven gone, nil
+// if they can.
+func (w Watch) Err() error { return w.err }
+
+// Start watches process pid: called right after it started (and before
+// it is waited for, so /proc/<pid> is there even if it exited).
+func Start(pid int) Watch {
 	if err := adoptOrphans(); err != nil {
-		return orphanWatch{err: err}
+		return Watch{err: err}
 	}
 	st, ok := readStat(pid)
 	if !ok {
-		return orphanWatch{err: fmt.Errorf("agentsdk: cannot read the agent process's start (/proc/%d/stat)", pid)}
+		return Watch{err: fmt.Errorf("cannot read the start of process %d (/proc/%d/stat)", pid, pid)}
 	}
-	return orphanWatch{since: st.start, held: heldPids()[pid]}
+	return Watch{since: st.start, held: heldPids()[pid]}
 }
 
-// sweepOrphans kills and reaps, until none is left, every orphan the
-// launcher's process adopted that may descend from the agent watched by
-// w, with everything below it. An orphan here is a child of the
-// launcher's process that started at or after the agent's process and
-// that no os.Process of the program holds (os/exec and os.StartProcess
-// hold a pidfd to every child they start until it is waited for: those
-// are the program's own children, and the other agents' processes).
-// Because the process is a subreaper, every process still running that
-// descends from the agent is below such an orphan once the agent's
-// process has exited. It returns nil only once there is none left, and
-// an error if that cannot be proven by deadline.
-func sweepOrphans(w orphanWatch, deadline time.Time) error {
+// Sweep kills and reaps, until none is left, every orphan the program's
+// process adopted that may descend from the process watched by w, with
+// everything below it. An orphan here is a child of the program's process
+// that started at or after the watched process and that no os.Process of
+// the program holds (os/exec and os.StartProcess hold a pidfd to every
+// child they start until it is waited for: those are the program's own
+// children, and the other watched processes). Because the process is a
+// subreaper, every process still running that descends from the watched
+// one is below such an orphan once the watched process has exited (call
+// Sweep then). It returns nil only once there is none left, and an error
+// if that cannot be proven by deadline.
+func Sweep(w Watch, deadline time.Time) error {
 	if w.err != nil {
 		return w.err
 	}
@@ -97,12 +107,12 @@ func sweepOrphans(w orphanWatch, deadline time.Time) error {
 		}
 		if !w.held {
 			// The program's own children cannot be told from the
-			// agent's orphans: kill none, prove nothing.
-			return fmt.Errorf("agentsdk: %d processes adopted since the agent started cannot be told from the program's own (os/exec holds no pidfd here)", len(roots))
+			// watched process's orphans: kill none, prove nothing.
+			return fmt.Errorf("%d processes adopted since the watched process started cannot be told from the program's own (os/exec holds no pidfd here)", len(roots))
 		}
 		if time.Now().After(deadline) {
 			slices.Sort(roots)
-			return fmt.Errorf("agentsdk: processes the agent left behind still run after SIGKILL (adopted pids %v)", roots)
+			return fmt.Errorf("processes left behind still run after SIGKILL (adopted pids %v)", roots)
 		}
 		// Everything below each orphan, leaves first. A process that
 		// forks meanwhile leaves an orphan for the next round.
@@ -168,7 +178,7 @@ func readStat(pid int) (procStat, bool) {
 func readProcs() (map[int]procStat, error) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
-		return nil, fmt.Errorf("agentsdk: cannot list processes: %w", err)
+		return nil, fmt.Errorf("cannot list processes: %w", err)
 	}
 	procs := make(map[int]procStat, len(ents))
 	for _, e := range ents {
@@ -211,9 +221,9 @@ func heldPids() map[int]bool {
 	return held
 }
 
-// procStart returns when process pid started (clock ticks since boot),
+// ProcStart returns when process pid started (clock ticks since boot),
 // 0 if it cannot be read.
-func procStart(pid int) uint64 {
+func ProcStart(pid int) uint64 {
 	st, ok := readStat(pid)
 	if !ok {
 		return 0
@@ -221,12 +231,12 @@ func procStart(pid int) uint64 {
 	return st.start
 }
 
-// killLeft kills (SIGKILL) process pid and the process group it leads, if
+// KillLeft kills (SIGKILL) process pid and the process group it leads, if
 // it is still the process that started at start: a process a previous
-// run of the launcher left. It reports whether it killed anything.
-func killLeft(pid int, start uint64) (bool, error) {
+// run of the program left. It reports whether it killed anything.
+func KillLeft(pid int, start uint64) (bool, error) {
 	if start == 0 {
-		return false, fmt.Errorf("agentsdk: the start of pid %d was not recorded; it cannot be told from a later process with its pid", pid)
+		return false, fmt.Errorf("the start of pid %d was not recorded; it cannot be told from a later process with its pid", pid)
 	}
 	st, ok := readStat(pid)
 	if !ok || st.start != start || st.zombie {
@@ -236,7 +246,7 @@ func killLeft(pid int, start uint64) (bool, error) {
 		_ = syscall.Kill(-pid, syscall.SIGKILL)
 	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		return false, fmt.Errorf("agentsdk: kill pid %d: %w", pid, err)
+		return false, fmt.Errorf("kill pid %d: %w", pid, err)
 	}
 	return true, nil
 }
