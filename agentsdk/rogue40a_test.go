@@ -20,6 +20,7 @@ import (
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // The fortieth hostile pass on the Go agent SDK (letter A).
@@ -239,5 +240,62 @@ func TestRogue40ACallerNotReadingItsAnswerDoesNotHoldItsAbort(t *testing.T) {
 	}
 	if completed != 2 {
 		t.Fatalf("%d of the rogue's 2 calls completed", completed)
+	}
+}
+
+// TestRogue40AChildWhoseSessionsItsParentHoldsHearsItsStop: a parent hands
+// its child the credential Spawn gave it, and keeps a copy. A rogue parent
+// opens, as its child, every session a node may hold open
+// (tree.MaxOpenSessions) and reads none of them: the honest child's own
+// session is refused resource_exhausted at each reconnection, and its Run,
+// which heard signals over its session alone, never heard its stop — the
+// operator's drain of the rogue's subtree went to the rogue's sessions,
+// and the child worked on, its Context live, until its credential was
+// refused at the record. Run now asks, as each refused session ends, the
+// unary Heartbeat, whose answer carries the node's signal (and a fresh
+// credential).
+func TestRogue40AChildWhoseSessionsItsParentHoldsHearsItsStop(t *testing.T) {
+	ctx := context.Background()
+	srv := startEmbedded(t)
+	operator := agentsdk.Dial(srv.URL, srv.AdminToken)
+	parent, err := agentsdk.RegisterRoot(ctx, operator, "rogue40a-parent", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, err := parent.Spawn(ctx, "rogue40a-honest-child", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	asChild := agentsdk.Dial(srv.URL, child.Credential)
+	for i := 0; i < tree.MaxOpenSessions; i++ {
+		held := asChild.Agent.Session(ctx)
+		t.Cleanup(func() { held.CloseRequest(); held.CloseResponse() })
+		if err := held.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Hello{Hello: &tetherv1.SessionHello{NodeId: child.Node.NodeId}}}); err != nil {
+			t.Fatal(err)
+		}
+		if msg, err := held.Receive(); err != nil || msg.GetOpened() == nil {
+			t.Fatalf("the rogue's session %d as its child: %v %v", i, msg, err)
+		}
+	}
+
+	honest, err := agentsdk.Join(ctx, srv.URL, child.Credential, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- honest.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-ran })
+
+	if _, err := operator.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: parent.NodeID(), Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN,
+		DrainWindow: durationpb.New(time.Hour), ConfirmTimeout: durationpb.New(time.Hour),
+	})); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-honest.Draining():
+	case <-time.After(20 * time.Second): // a guard against the hang, not a timing
+		t.Fatal("the honest child, its sessions held by its rogue parent, never heard the drain of its subtree")
 	}
 }
