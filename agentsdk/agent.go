@@ -74,6 +74,9 @@ type Agent struct {
 	// order after its heartbeats); exited stops Run from reconnecting.
 	live   *liveSession
 	exited bool
+	// beating is closed when the heartbeat Run sends in place of a refused
+	// session has been answered (nil: none under way); Exit claims after it.
+	beating chan struct{}
 }
 
 // liveSession lets Exit hand its claim to the session's sender.
@@ -375,6 +378,11 @@ func runCallbacks(fs []func(Signal), s Signal, done func()) {
 // (those the abort signal started before the refusal included), so that a
 // process that ends when Run returns has done its cleanup.
 //
+// A session refused for a bound (resource_exhausted: the node's open
+// sessions, which whoever else holds its credential may hold, its signal
+// streams, its lineage's) is followed by a unary heartbeat, whose answer
+// carries the node's signal and a fresh credential as a session would.
+//
 // Before reconnecting it waits a backoff (100ms, doubling up to 5s), or
 // the hint of a refusal that gives one (resource_exhausted: the lineage's
 // rate limit), stretched as RetryPolicy's, at most MaxReconnectHint, when
@@ -385,6 +393,22 @@ func (a *Agent) Run(ctx context.Context) error {
 		err := a.session(ctx)
 		if ctx.Err() != nil || a.hasExited() {
 			return nil
+		}
+		if connect.CodeOf(err) == connect.CodeResourceExhausted {
+			// The session was refused for a bound: the node's open sessions
+			// (held, maybe, by whoever else holds its credential: the
+			// parent that spawned it keeps a copy), its signal streams, its
+			// lineage's. Its signal still comes in a heartbeat's answer,
+			// and so does a fresh credential: a rogue parent that held
+			// every session its child may open had the child hear no stop
+			// of its subtree, its work going on until its credential was
+			// refused at the record (rogue40a test).
+			if herr := a.heartbeat(ctx); endsRun(herr) {
+				err = herr
+			}
+			if ctx.Err() != nil || a.hasExited() {
+				return nil
+			}
 		}
 		if connect.CodeOf(err) == connect.CodeUnauthenticated || connect.CodeOf(err) == connect.CodePermissionDenied {
 			// The credential is dead (the node was terminated): nothing to
@@ -418,6 +442,51 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		backoff = min(backoff*2, 5*time.Second)
 	}
+}
+
+// endsRun reports whether err, a session's or a heartbeat's, is a refusal
+// Run returns: the credential is dead (unauthenticated,
+// permission_denied) or the node's exit was confirmed
+// (failed_precondition).
+func endsRun(err error) bool {
+	switch connect.CodeOf(err) {
+	case connect.CodeUnauthenticated, connect.CodePermissionDenied, connect.CodeFailedPrecondition:
+		return err != nil
+	}
+	return false
+}
+
+// heartbeat sends the unary heartbeat, in place of a session the control
+// plane refused, and applies its answer: the node's signal and a fresh
+// credential.
+func (a *Agent) heartbeat(ctx context.Context) error {
+	// Not after the exit claim (its activity would contradict it), and the
+	// claim waits for it.
+	a.mu.Lock()
+	if a.exited {
+		a.mu.Unlock()
+		return nil
+	}
+	beating := make(chan struct{})
+	a.beating = beating
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.beating = nil
+		a.mu.Unlock()
+		close(beating)
+	}()
+	resp, err := a.conn.Agent.Heartbeat(ctx, connect.NewRequest(&tetherv1.HeartbeatRequest{NodeId: a.id}))
+	if err != nil {
+		return err
+	}
+	if c := resp.Msg.GetCredential().GetCredential(); c != "" {
+		a.conn.SetToken(c)
+	}
+	if sig := resp.Msg.GetSignal(); sig != nil {
+		a.handle(sig)
+	}
+	return nil
 }
 
 // waitAbortCallbacks waits until no OnAbort callback runs: those this
@@ -563,8 +632,16 @@ func (a *Agent) session(ctx context.Context) (err error) {
 func (a *Agent) Exit(ctx context.Context, reason string) error {
 	a.mu.Lock()
 	a.exited = true
-	live := a.live
+	live, beating := a.live, a.beating
 	a.mu.Unlock()
+	if beating != nil {
+		// A heartbeat in place of a refused session: the claim goes after it.
+		select {
+		case <-beating:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	if live != nil {
 		select {
 		case live.exit <- reason:

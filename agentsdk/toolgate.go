@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"strings"
@@ -377,6 +378,21 @@ func stoppedByCaller(ctx context.Context, herr error) bool {
 // handler, an agent being drained could have a call whose side effect was
 // done recorded failed ("context canceled") on its own word, and taken out
 // of the drain's wait.
+//
+// The cancel order also cuts the call's exchange with its caller, which
+// the caller controls and no context reaches: a read of the request's body
+// not yet at its end fails with an error wrapping ErrCancelled, and so
+// does every read after it, and once the handler has begun its answer
+// (at the order or after it) its writes fail. A rogue agent that held back
+// the rest of its body, or read none of a long answer, kept its handler
+// waiting in that read or write for as long as it liked, so its abort
+// waited out the acknowledgement window and recorded the gate's cancel
+// unacknowledged (rogue40a tests). A call whose body the order cut short
+// is acknowledged (it stopped on the order, whatever it answered); one
+// whose answer was cut is completed. The cut sets the stream's read and
+// write deadlines (http.ResponseController): behind a ResponseWriter that
+// allows neither (a wrapper without Unwrap), a read or write already
+// waiting is not cut, only the reads after the order.
 func (g *ToolGate) Middleware(tool string, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token := r.Header.Get(CapabilityHeader)
@@ -389,16 +405,30 @@ func (g *ToolGate) Middleware(tool string, next http.Handler) http.Handler {
 			http.Error(w, "capability token required in "+CapabilityHeader, http.StatusUnauthorized)
 			return
 		}
-		rw := &trackingWriter{ResponseWriter: w}
+		x := &gatedExchange{rc: http.NewResponseController(w), bodyEnded: r.Body == nil || r.Body == http.NoBody}
+		rw := &trackingWriter{ResponseWriter: w, x: x}
+		wrote := false
 		err := g.Call(context.WithoutCancel(r.Context()), token, tool, func(ctx context.Context) error {
-			next.ServeHTTP(rw, r.WithContext(ctx))
-			if rw.wrote {
+			gr := r.WithContext(ctx)
+			if r.Body != nil {
+				gr.Body = &gatedBody{ReadCloser: r.Body, x: x}
+			}
+			stop := context.AfterFunc(ctx, x.cancelOrdered)
+			next.ServeHTTP(rw, gr)
+			stop()
+			var bodyCut bool
+			wrote, bodyCut = x.handlerReturned()
+			switch {
+			case bodyCut:
+				// The order cut its input short: it stopped on the order.
+				return ctx.Err()
+			case wrote:
 				// It answered: whatever it did happened, even after a cancel.
 				return nil
 			}
 			return ctx.Err()
 		})
-		if rw.wrote || err == nil {
+		if wrote || err == nil {
 			return
 		}
 		switch {
@@ -445,13 +475,123 @@ func errMessage(err error) string {
 	return err.Error()
 }
 
+// trackingWriter is the ResponseWriter a gated handler writes its answer
+// to: it notes that the answer began (and cuts it past a cancel order).
 type trackingWriter struct {
 	http.ResponseWriter
-	wrote bool
+	x *gatedExchange
 }
 
-func (t *trackingWriter) WriteHeader(code int) { t.wrote = true; t.ResponseWriter.WriteHeader(code) }
+func (t *trackingWriter) WriteHeader(code int) { t.x.answering(); t.ResponseWriter.WriteHeader(code) }
 func (t *trackingWriter) Write(b []byte) (int, error) {
-	t.wrote = true
+	t.x.answering()
 	return t.ResponseWriter.Write(b)
+}
+
+// gatedBody is the request body a gated handler reads: past the call's
+// cancel order, a read ends with errBodyCut unless the body had ended.
+type gatedBody struct {
+	io.ReadCloser
+	x *gatedExchange
+}
+
+func (b *gatedBody) Read(p []byte) (int, error) {
+	if b.x.bodyRead(nil) {
+		return 0, errBodyCut
+	}
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && b.x.bodyRead(err) {
+		return n, errBodyCut
+	}
+	return n, err
+}
+
+// errBodyCut ends a gated handler's read of its request's body once the
+// call's cancel order came.
+var errBodyCut = fmt.Errorf("%w: the request's body was cut", ErrCancelled)
+
+// gatedExchange is a gated HTTP call's exchange with its caller, which the
+// call's cancel order cuts (Middleware): the caller holds it, and no
+// context reaches a read of the body or a write of the answer that waits
+// for the caller.
+type gatedExchange struct {
+	rc *http.ResponseController
+
+	mu sync.Mutex
+	// ordered: the cancel order came while the handler ran; over: the
+	// handler returned (nothing is cut after it).
+	ordered, over bool
+	// wrote: the handler began its answer; writesCut: its writes were cut.
+	wrote, writesCut bool
+	// bodyEnded: the body was read to its end (or there is none); bodyCut:
+	// a read of it ended on the order before its end.
+	bodyEnded, bodyCut bool
+}
+
+// longAgo is a deadline already passed: set, it ends the read or write
+// waiting at once.
+var longAgo = time.Unix(1, 0)
+
+// cancelOrdered cuts the exchange on the call's cancel order: the body's
+// read waiting, and the answer if the handler has begun it.
+func (x *gatedExchange) cancelOrdered() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.over {
+		return
+	}
+	x.ordered = true
+	if !x.bodyEnded {
+		_ = x.rc.SetReadDeadline(longAgo)
+	}
+	if x.wrote {
+		x.cutWrites()
+	}
+}
+
+// cutWrites makes the answer's writes fail, the one waiting included.
+// x.mu is held.
+func (x *gatedExchange) cutWrites() {
+	if !x.writesCut && !x.over {
+		x.writesCut = true
+		_ = x.rc.SetWriteDeadline(longAgo)
+	}
+}
+
+// answering notes that the handler writes its answer, cut once the order
+// came.
+func (x *gatedExchange) answering() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.wrote = true
+	if x.ordered {
+		x.cutWrites()
+	}
+}
+
+// bodyRead notes how a read of the body ended (err nil: before one) and
+// reports whether the order cut it.
+func (x *gatedExchange) bodyRead(err error) (cut bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.bodyEnded {
+		return false
+	}
+	if err == io.EOF {
+		x.bodyEnded = true
+		return false
+	}
+	if x.ordered {
+		x.bodyCut = true
+	}
+	return x.ordered
+}
+
+// handlerReturned notes that the handler returned, and reports whether it
+// began its answer and whether the order cut its body short.
+func (x *gatedExchange) handlerReturned() (wrote, bodyCut bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.over = true
+	return x.wrote, x.bodyCut
 }
