@@ -219,43 +219,85 @@ func grantList(g *globals) *cobra.Command {
 }
 
 func grantTree(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:   "tree GRANT",
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "tree GRANT [--limit N]",
 		Short: "Draw a grant's derivation tree with states",
-		Args:  cobra.ExactArgs(1),
+		Long: `Draw a grant's derivation tree with states: at most --limit grants of it,
+in id order. When it holds more, the last line is the command that lists
+the rest (tether grant ls --derived-from GRANT --page-token ...).`,
+		Args: cobra.ExactArgs(1),
 		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
-			grants, err := listGrants(cmd, c, &tetherv1.ListGrantsRequest{DerivedFromGrantId: args[0]})
+			if err := checkLimit(limit); err != nil {
+				return err
+			}
+			// A page at a time, never the whole derivation: revoked grants
+			// are kept, and an agent that delegates from the grant and
+			// revokes again and again grows it as far as its budget pays.
+			grants, next, err := somePages(limit, recordsCalls, "", func(token string, size int32) ([]*tetherv1.Grant, string, error) {
+				resp, err := c.Capability.ListGrants(cmd.Context(), connect.NewRequest(&tetherv1.ListGrantsRequest{DerivedFromGrantId: args[0], PageToken: token, PageSize: size}))
+				if err != nil {
+					return nil, "", err
+				}
+				return resp.Msg.Grants, resp.Msg.NextPageToken, nil
+			})
 			if err != nil {
 				return err
 			}
+			more := nextPageLine(g, cmd, "tether grant ls", next, "--derived-from", args[0], "--limit", limitFlag(limit, recordsLimit))
 			if done, err := printedAsJSONList(g, cmd.OutOrStdout(), grants); done || err != nil {
 				return err
 			}
-			drawGrantTree(cmd.OutOrStdout(), args[0], grants)
-			return nil
+			if err := drawGrantTree(cmd, c, args[0], grants); err != nil || more == "" {
+				return err
+			}
+			_, err = fmt.Fprintln(cmd.OutOrStdout(), more)
+			return err
 		}),
 	}
+	cmd.Flags().IntVar(&limit, "limit", recordsLimit, "draw at most this many grants (1 to 10000)")
+	return cmd
 }
 
 // drawGrantTree draws the grants derived from rootID, each with its
-// holder, state and scopes.
-func drawGrantTree(w io.Writer, rootID string, grants []*tetherv1.Grant) {
+// holder, state and scopes. grants may be a page of the derivation (in id
+// order, which is random): the root is read on its own when the page does
+// not hold it, and a grant whose parent is not on the page is drawn below
+// the root, naming its parent, so every grant read is drawn once.
+func drawGrantTree(cmd *cobra.Command, c *clients, rootID string, grants []*tetherv1.Grant) error {
 	var root *tetherv1.Grant
-	children := map[string][]*tetherv1.Grant{}
+	read := map[string]bool{}
 	for _, gr := range grants {
+		read[gr.GrantId] = true
 		if gr.GrantId == rootID {
 			root = gr
-			continue
 		}
-		children[gr.ParentGrantId] = append(children[gr.ParentGrantId], gr)
 	}
 	if root == nil {
-		return
+		resp, err := c.Capability.GetGrant(cmd.Context(), connect.NewRequest(&tetherv1.GetGrantRequest{GrantId: rootID}))
+		if err != nil {
+			return err
+		}
+		root, read[rootID] = resp.Msg.Grant, true
+	}
+	children := map[string][]*tetherv1.Grant{}
+	for _, gr := range grants {
+		switch {
+		case gr.GrantId == rootID:
+		case read[gr.ParentGrantId]:
+			children[gr.ParentGrantId] = append(children[gr.ParentGrantId], gr)
+		default:
+			children[rootID] = append(children[rootID], gr)
+		}
 	}
 	label := func(gr *tetherv1.Grant) string {
-		return fmt.Sprintf("%s → %s [%s] %s", gr.GrantId, gr.HolderNodeId, grantState(gr), strings.Join(gr.Scopes, ","))
+		l := fmt.Sprintf("%s → %s [%s] %s", gr.GrantId, gr.HolderNodeId, grantState(gr), strings.Join(gr.Scopes, ","))
+		if gr.GrantId != rootID && !read[gr.ParentGrantId] {
+			l += " (under " + gr.ParentGrantId + ", not drawn)"
+		}
+		return l
 	}
-	drawTree(w, root, func(gr *tetherv1.Grant) []*tetherv1.Grant {
+	drawTree(cmd.OutOrStdout(), root, func(gr *tetherv1.Grant) []*tetherv1.Grant {
 		kids := children[gr.GrantId]
 		sort.Slice(kids, func(i, j int) bool {
 			if !kids[i].CreatedAt.AsTime().Equal(kids[j].CreatedAt.AsTime()) {
@@ -265,17 +307,7 @@ func drawGrantTree(w io.Writer, rootID string, grants []*tetherv1.Grant) {
 		})
 		return kids
 	}, label)
-}
-
-func listGrants(cmd *cobra.Command, c *clients, req *tetherv1.ListGrantsRequest) ([]*tetherv1.Grant, error) {
-	return allPages(func(token string) ([]*tetherv1.Grant, string, error) {
-		req.PageToken = token
-		resp, err := c.Capability.ListGrants(cmd.Context(), connect.NewRequest(req))
-		if err != nil {
-			return nil, "", err
-		}
-		return resp.Msg.Grants, resp.Msg.NextPageToken, nil
-	})
+	return nil
 }
 
 // grantState names a grant's state, and what revoked it when that was an

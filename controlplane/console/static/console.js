@@ -25,23 +25,32 @@ function setupTree() {
 // characters of the ids' alphabet.
 const nodeIDStart = /^n_[0-9abcdefghjkmnpqrstvwxyz]{0,20}$/;
 
+// nodeIDPart may be a part of a node id from its middle, its "n_" left
+// behind by a cut cell or a wrapped line: six to twenty characters of the
+// ids' alphabet.
+const nodeIDPart = /^[0-9abcdefghjkmnpqrstvwxyz]{6,20}$/;
+
 // filterTree shows the nodes matching q and their ancestors, opening the
 // path to each match; an empty q shows everything again. A q shaped like
 // the start of a node id (or a whole one) matches the ids that begin with
 // it alone: an agent chooses its children's names and labels, and a
 // rogue's child named worker-2 and labelled with worker-2's id was found
 // by that id as worker-2 was, and by its start as its child named after
-// that start was.
+// that start was. A q that may be a part of an id from its middle and is
+// one of a shown node's id matches the ids that hold it alone: the
+// rogue's child named after that part, or labelled with the whole id, is
+// not found by it.
 function filterTree(tree, q) {
   const items = tree.querySelectorAll("li.n");
   if (!q) {
     items.forEach((li) => { li.hidden = false; li.classList.remove("hit"); });
     return;
   }
+  const idPart = nodeIDPart.test(q) && [...items].some((li) => li.dataset.id.includes(q));
   items.forEach((li) => { li.hidden = true; li.classList.remove("hit"); });
   items.forEach((li) => {
     const text = (li.dataset.name + " " + li.dataset.id + " " + li.dataset.labels).toLowerCase();
-    if (nodeIDStart.test(q) ? !li.dataset.id.startsWith(q) : !text.includes(q)) return;
+    if (nodeIDStart.test(q) ? !li.dataset.id.startsWith(q) : idPart ? !li.dataset.id.includes(q) : !text.includes(q)) return;
     li.classList.add("hit");
     for (let p = li; p && p !== tree; p = p.parentElement) {
       if (p.tagName === "LI") p.hidden = false;
