@@ -2,6 +2,7 @@ package stoprule
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -93,6 +94,19 @@ type index struct {
 	// them (putNode). Once the nodes are read past a node's first change,
 	// its spawn was read, and it is not judged: they go (pruneUnseen).
 	unseen map[string]*pendingPeak
+	// progressAsked is the highest snapshot revision the evaluator wrote
+	// its progress mark for (progressKey): a count whose snapshot is
+	// ahead of the watch starts once the watch hands the mark back.
+	progressAsked uint64
+	// handed is the latest revision the stop rules' watch has handed (not
+	// the scan's: the pass's watch began before it, and hands its changes
+	// after): a count's snapshot at a later one waits for it (settle).
+	handed uint64
+	// settleAt is the earliest revision of a count's snapshot read and
+	// not yet handed whole by the watch (0: none): the watch's first
+	// change past it starts the count before it is taken (settle), so
+	// that no change after the snapshot waits among the kept ones.
+	settleAt uint64
 	// peakSaveWait is set when a write of the peaks failed: the next is
 	// tried at the next tick (or as the pass ends), not every round.
 	peakSaveWait bool
@@ -171,7 +185,7 @@ func (r *Rules) run(ctx context.Context) error {
 			}
 			continue
 		}
-		if len(ix.peakStart) > 0 {
+		if ix.countsToRead() {
 			continue
 		}
 		select {
@@ -210,6 +224,15 @@ func (r *Rules) run(ctx context.Context) error {
 func (r *Rules) endPass(ctx context.Context, ix *index) {
 	r.debts = ix.dirty.debts()
 	r.peaks = ix.peaks
+	// A count read and waiting for the watch to hand its snapshot goes on
+	// from its snapshot, the peak it carried included (its kept changes,
+	// handed in part, are not replayed: a record changed in the part not
+	// handed would be read at a value it reached only later).
+	for id, q := range ix.peakStart {
+		if q.snap != nil && r.peaks[id] == nil {
+			r.peaks[id] = q.snap
+		}
+	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), peakSaveTimeout)
 	defer cancel()
 	_ = r.savePeaks(sctx, ix) // logged; the next pass tries again
@@ -235,24 +258,33 @@ const peakBatch = 256
 // startPeaks starts the counts of up to peakBatch nodes marked for one
 // (peakStart), each from a snapshot of its records, in one transaction
 // (readPeaks: one each when that fails); Run's loop goes round again
-// while some are marked, the watches read between two batches.
+// while some are still to read, the watches read between two batches. A
+// snapshot is read at the store's latest revision, which the watch may
+// not have handed yet: such a count starts once the watch has handed
+// every change up to it (install), the evaluator's own mark written to be
+// sure a change past it comes (askProgress).
 func (r *Rules) startPeaks(ctx context.Context, ix *index) {
 	var ids []string
-	for id := range ix.peakStart {
+	for id, q := range ix.peakStart {
 		if _, ok := ix.nodes[id]; !ok || ix.peaks[id] != nil {
 			delete(ix.peakStart, id)
 			continue
 		}
-		if ids = append(ids, id); len(ids) == peakBatch {
-			break
+		switch {
+		case q.snap != nil:
+			if ix.handed >= q.snap.base {
+				ix.install(id)
+			}
+		case len(ids) < peakBatch:
+			ids = append(ids, id)
 		}
 	}
 	r.startCounts(ctx, ix, ids)
+	r.askProgress(ctx, ix)
 }
 
-// startCounts starts the counts of ids, marked to start, each from a
-// snapshot of its records at the highest level the changes taken since it
-// was marked reached (pendingPeak.replay).
+// startCounts reads the snapshots of ids' counts, marked to start, and
+// starts each the watch has caught up with (install).
 func (r *Rules) startCounts(ctx context.Context, ix *index, ids []string) {
 	if len(ids) == 0 {
 		return
@@ -260,15 +292,94 @@ func (r *Rules) startCounts(ctx context.Context, ix *index, ids []string) {
 	counts := map[string]*subtreePeak{}
 	r.readPeaks(func(f func(store.ReadTxn) error) error { return r.Store.View(ctx, f) }, ids, counts)
 	for _, id := range ids {
-		if p := counts[id]; p != nil {
-			p.replay(ix.peakStart[id])
-			ix.peaks[id] = p
-			if p.now() > p.saved {
-				ix.peakRisen[id] = true
-			}
+		p, q := counts[id], ix.peakStart[id]
+		if p == nil || q == nil {
+			delete(ix.peakStart, id)
+			continue
 		}
-		delete(ix.peakStart, id)
+		q.snap = p
+		if ix.handed >= p.base {
+			ix.install(id)
+		} else if ix.settleAt == 0 || p.base < ix.settleAt {
+			ix.settleAt = p.base
+		}
 	}
+}
+
+// settle starts the counts whose snapshot the watch has handed whole, a
+// change of revision rev coming next (the watch hands changes in commit
+// order): every change after the snapshot is then taken by the count,
+// none kept to be replayed.
+func (ix *index) settle(rev uint64) {
+	if ix.settleAt == 0 || rev <= ix.settleAt {
+		return
+	}
+	ix.settleAt = 0
+	for id, q := range ix.peakStart {
+		switch {
+		case q.snap == nil:
+		case q.snap.base < rev:
+			ix.install(id)
+		case ix.settleAt == 0 || q.snap.base < ix.settleAt:
+			ix.settleAt = q.snap.base
+		}
+	}
+}
+
+// install starts node id's count from its snapshot, the watch having
+// handed every change up to it, at the highest level the changes taken
+// since it was marked reached (pendingPeak.replay), and marks the node
+// when the count is above the peak the store holds (an evaluation while
+// the count was still to start read the level and that peak).
+func (ix *index) install(id string) {
+	q := ix.peakStart[id]
+	p := q.snap
+	delete(ix.peakStart, id)
+	q.snap = nil
+	p.replay(q)
+	ix.peaks[id] = p
+	if p.now() > p.saved {
+		ix.peakRisen[id] = true
+		ix.markNode(id)
+	}
+}
+
+// countsToRead reports whether a count marked to start has its snapshot
+// still to read (Run's loop goes round for it; one read waits for its
+// watch).
+func (ix *index) countsToRead() bool {
+	for _, q := range ix.peakStart {
+		if q.snap == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// askProgress writes the evaluator's progress mark (progressKey) when a
+// count's snapshot is ahead of what the watch has handed and no mark was
+// written since that snapshot was read: the watch hands it back, past the
+// snapshot, so the count starts even when nothing else is written under
+// the stop rules' records. A failed write is tried again at the next
+// round of the loop.
+func (r *Rules) askProgress(ctx context.Context, ix *index) {
+	var need uint64
+	for _, q := range ix.peakStart {
+		if q.snap != nil && q.snap.base > ix.handed {
+			need = max(need, q.snap.base)
+		}
+	}
+	if need <= ix.progressAsked {
+		return
+	}
+	err := r.Store.Update(ctx, func(tx store.Txn) error {
+		return tx.Put([]byte(progressKey), binary.AppendUvarint(nil, need))
+	})
+	if err != nil {
+		r.logger().Warn("stop rules: writing the evaluator's progress mark failed; retrying", "error", err)
+		return
+	}
+	ix.progressAsked = need
 }
 
 // toStart marks node id's count to start, keeping the changes of its
@@ -405,15 +516,21 @@ func (r *Rules) load(ctx context.Context) (*index, error) {
 				ids = append(ids, id)
 			}
 		}
+		counts := map[string]*subtreePeak{}
 		for len(ids) > 0 {
 			n := min(len(ids), peakBatch)
-			r.readPeaks(func(f func(store.ReadTxn) error) error { return f(tx) }, ids[:n], ix.peaks)
+			r.readPeaks(func(f func(store.ReadTxn) error) error { return f(tx) }, ids[:n], counts)
 			ids = ids[n:]
 		}
-		for id, p := range ix.peaks {
+		// Each starts once the pass's watch has handed the changes up to
+		// the scan (its watch began before it): those committed between
+		// the two are kept and replayed, not dropped as held by the scan
+		// (pendingPeak.snap, settle).
+		for id, p := range counts {
 			p.carry(r.peaks[id])
-			if p.now() > p.saved {
-				ix.peakRisen[id] = true
+			ix.peakStart[id] = &pendingPeak{snap: p}
+			if ix.settleAt == 0 || p.base < ix.settleAt {
+				ix.settleAt = p.base
 			}
 		}
 		return nil
@@ -780,7 +897,9 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 	}()
 	for _, ev := range batch {
 		if !isUnder(ev.Key, tree.NodePrefix) {
+			ix.settle(ev.Revision)
 			ix.rulesRev = max(ix.rulesRev, ev.Revision)
+			ix.handed = max(ix.handed, ev.Revision)
 		}
 		switch {
 		case isUnder(ev.Key, prefixRule):
@@ -972,13 +1091,16 @@ func (r *Rules) evaluateDirty(ctx context.Context, ix *index, limit int) error {
 		if len(rules) == 0 {
 			return 0, agentsToo, nil
 		}
+		peaks := ix.peaks
 		if ix.peakStart[id] != nil && ix.peaks[id] == nil {
 			// Its count marked to start and not yet (more than a batch
-			// marked at once): started here with the changes it kept,
-			// not by the evaluation from its own snapshot alone.
-			r.startCounts(ctx, ix, []string{id})
+			// marked at once, or its snapshot ahead of the watch): judged
+			// on the level and the peak the store holds, no count started
+			// from this evaluation's snapshot alone; the count, once
+			// started, marks the node again when it is above (install).
+			peaks = nil
 		}
-		cost, open, err := r.evaluateNodeOpen(ctx, id, rules, ix.peaks)
+		cost, open, err := r.evaluateNodeOpen(ctx, id, rules, peaks)
 		if p := ix.peaks[id]; p != nil && p.now() > p.saved {
 			ix.peakRisen[id] = true
 		}

@@ -280,6 +280,14 @@ type pendingPeak struct {
 	floor   int64
 	known   map[string]int64
 	foldRev uint64
+	// snap is the count's snapshot once read, waiting for the watch to
+	// hand every change up to its revision (startPeaks): a change
+	// committed before it and handed after was dropped as held by it (a
+	// burst in that moment was counted from the level after it), and the
+	// changes handed before it were replayed over the values the records
+	// they did not change reached only later (an honest tree's workers
+	// peaking one after another read their sum).
+	snap *subtreePeak
 }
 
 // peakChange is one change of a record a count adds up: its new value

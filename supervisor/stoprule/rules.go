@@ -57,6 +57,11 @@ const (
 	// it rises; outside prefixAll, so its watch never carries its own
 	// writes.
 	prefixPeak = "stoprulespeak/" // stoprulespeak/<node id> → uvarint
+	// progressKey is the evaluator's own mark under prefixAll, written
+	// after it read a count's snapshot ahead of its watch (the revision,
+	// a uvarint): its watch handing the mark back has handed every change
+	// the snapshot holds (startPeaks).
+	progressKey = "stoprules/progress" // → uvarint
 )
 
 func peakKey(node string) []byte { return []byte(prefixPeak + node) }
