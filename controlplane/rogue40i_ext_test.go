@@ -20,12 +20,13 @@ import (
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
-// revokeCommitHoldingStore is the server's real Badger store, which holds
-// open the transaction of a termination's revocation that records it
-// revoked (the chunk's commit: the termination's "revoked" written from
-// Supervisor.revoke) until the server stops, and so never commits it:
-// the control plane stopped after the chunk's privilege revocations began
-// and before the chunk committed. Everything else is Badger's, unchanged.
+// revokeCommitHoldingStore is the server's real store (Badger, or etcd),
+// which holds open the transaction of a termination's revocation that
+// records it revoked (the chunk's commit: the termination's "revoked"
+// written from Supervisor.revoke) until the server stops, and so never
+// commits it: the control plane stopped after the chunk's privilege
+// revocations began and before the chunk committed. Everything else is
+// the store's, unchanged.
 type revokeCommitHoldingStore struct {
 	store.Store
 	held     chan struct{} // closed when the commit is held
@@ -70,12 +71,18 @@ func rogue40IRestartBeforeTheChunkCommits(t *testing.T, hook *restartHook, down 
 	t.Helper()
 	clk := clock.NewManual(epoch)
 	dir := t.TempDir()
-	b, err := badgerstore.OpenBadger(filepath.Join(dir, "store"), badgerstore.BadgerOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	st := &revokeCommitHoldingStore{Store: b, held: make(chan struct{})}
-	srv := testserver.StartIn(t, dir, testserver.WithClock(clk), testserver.AllowPrivilegeHooks("127.0.0.1"), func(cfg *controlplane.Config) { cfg.Store = st })
+	st := &revokeCommitHoldingStore{held: make(chan struct{})}
+	var own store.Store // Badger, opened here; an etcd store is the test server's
+	srv := testserver.StartIn(t, dir, testserver.WithClock(clk), testserver.AllowPrivilegeHooks("127.0.0.1"), func(cfg *controlplane.Config) {
+		if cfg.Store == nil {
+			b, err := badgerstore.OpenBadger(filepath.Join(dir, "store"), badgerstore.BadgerOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			own, cfg.Store = b, b
+		}
+		st.Store, cfg.Store = cfg.Store, st
+	})
 	admin := srv.AdminClients()
 	rogue := register(t, admin, "rogue")
 	expires := clk.Now().Add(controlplaneHookTimeout / 2)
@@ -90,8 +97,10 @@ func rogue40IRestartBeforeTheChunkCommits(t *testing.T, hook *restartHook, down 
 		t.Fatal("the revocation chunk never reached its commit")
 	}
 	srv.Stop()
-	if err := b.Close(); err != nil {
-		t.Fatal(err)
+	if own != nil {
+		if err := own.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// The control plane is down while the declared expiry passes, and
 	// starts again before the hook deadline.
