@@ -126,6 +126,12 @@ type Cursor struct {
 	// last one written.
 	GrantsPending bool   `json:"grants_pending,omitempty"`
 	GrantsAfter   string `json:"grants_after,omitempty"`
+	// RevokeBegan is when the revocation's chunk at Entry began calling
+	// its members' privileges' hooks, stored before the first call: a
+	// restart before the chunk commits runs the chunk again, and decides
+	// expired only what had expired by then (privilege.DispatchReadBegun).
+	// Zero once the chunk committed.
+	RevokeBegan time.Time `json:"revoke_began,omitzero"`
 }
 
 // DefaultLeasePageBytes bounds, when Supervisor.LeasePageBytes is zero,
@@ -1309,7 +1315,7 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 	// A revocation that began with the held index lists what each chunk's
 	// members hold there (one begun before it goes on without).
 	indexing := t.Cursor.Step != ActRevoke || t.HeldIndexed
-	var ids, withGrants []string
+	var ids, withGrants, withPrivs []string
 	var privs []privilege.Privilege
 	seqOf := map[string]int{}
 	read := 0
@@ -1336,7 +1342,7 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 		// for them, not a range each per member.
 		withGrants = mayHold(ids, holds, tree.HoldsGrants)
 		privs = nil
-		if withPrivs := mayHold(ids, holds, tree.HoldsPrivileges); indexing && len(withPrivs) > 0 {
+		if withPrivs = mayHold(ids, holds, tree.HoldsPrivileges); indexing && len(withPrivs) > 0 {
 			privs, err = privilege.PrivilegesIn(tx, withPrivs)
 		}
 		return err
@@ -1356,12 +1362,33 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 		// Privileges are revoked off this path, in parallel and within
 		// the termination's hook deadline.
 		if s.Privileges != nil {
+			// The chunk's start is stored before its first hook is
+			// called, with the hook deadline: a restart before the
+			// chunk commits runs it again, and a privilege live when
+			// its hook was first called is called again, not decided
+			// expired on the declared expiry that passed meanwhile
+			// (until the fortieth pass it was), nor given a new
+			// deadline.
+			if cur.RevokeBegan.IsZero() && (indexing && privilege.Pending(privs) > 0 || !indexing && len(withPrivs) > 0) {
+				began := cur
+				began.RevokeBegan = now.Round(0).UTC() // as stored: inChunk compares cursors
+				stored := false
+				if err := s.inChunk(ctx, t, phaseMoved, func(tx store.Txn, st Termination) error {
+					st.Cursor, st.HookDeadline, st.UpdatedAt = began, deadline, now
+					st.HeldIndexed = st.HeldIndexed || indexing
+					stored = true
+					return kv.PutJSON(tx, terminationKey(t.ID), st)
+				}); err != nil || !stored {
+					return err // (moved on: read again)
+				}
+				cur, t.Cursor, t.HookDeadline, t.HeldIndexed = began, began, deadline, t.HeldIndexed || indexing
+			}
 			kick := func() { s.Kick(t.ID) }
 			var err error
 			if indexing {
-				err = s.Privileges.DispatchRead(ctx, privs, deadline, kick)
+				err = s.Privileges.DispatchReadBegun(ctx, privs, cur.RevokeBegan, deadline, kick)
 			} else {
-				err = s.Privileges.Dispatch(ctx, ids, deadline, kick)
+				err = s.Privileges.DispatchBegun(ctx, ids, cur.RevokeBegan, deadline, kick)
 			}
 			if err != nil {
 				return fmt.Errorf("revoke privileges: %w", err)
@@ -1376,6 +1403,7 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 		}
 	}
 	cur.Entry += read
+	cur.RevokeBegan = time.Time{}
 	// The chunk's members may hold any number of grants (an agent delegates
 	// to its child a request each): their held index goes in pages, all but
 	// the last in transactions of their own, each guarded as the chunk is

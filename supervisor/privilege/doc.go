@@ -10,7 +10,10 @@
 // Resume starts again, after a restart, the revocations already begun and
 // still undecided, never deciding one expired: each was live when its
 // revocation began, and a declared expiry that passed while the control
-// plane was down does not make the hook's silence an expiry.
+// plane was down does not make the hook's silence an expiry. DispatchBegun
+// (DispatchReadBegun) starts again a revocation whose start the caller
+// stored (a termination's chunk run again after a restart before it
+// committed): only what had expired when it began is decided expired.
 //
 // Nothing the workload registers can hold a termination hostage: a revoke
 // webhook may only point at a destination the operator allowed

@@ -308,18 +308,36 @@ func PrivilegesIn(tx store.ReadTxn, nodeIDs []string) ([]Privilege, error) {
 // bounds the calls' lifetime (the reconciler's); decided, when set, is
 // called after each outcome is persisted.
 func (r *Privileges) Dispatch(ctx context.Context, nodeIDs []string, deadline time.Time, decided func()) error {
+	return r.DispatchBegun(ctx, nodeIDs, r.Clock.Now(), deadline, decided)
+}
+
+// DispatchBegun is Dispatch of a revocation that began at began (a
+// termination's chunk of it, started again after a restart before the
+// chunk committed): a privilege is decided expired only if it had expired
+// by then, as it would have been had the chunk committed; one live then is
+// called, whatever its declared expiry now.
+func (r *Privileges) DispatchBegun(ctx context.Context, nodeIDs []string, began, deadline time.Time, decided func()) error {
 	privs, err := store.Read(ctx, r.Store, func(tx store.ReadTxn) ([]Privilege, error) { return PrivilegesIn(tx, nodeIDs) })
 	if err != nil {
 		return err
 	}
-	return r.DispatchRead(ctx, privs, deadline, decided)
+	return r.DispatchReadBegun(ctx, privs, began, deadline, decided)
 }
 
 // DispatchRead is Dispatch of privileges the caller has read (PrivilegesIn
 // in a transaction of its own, as a termination's revocation does to keep
 // the list).
 func (r *Privileges) DispatchRead(ctx context.Context, privs []Privilege, deadline time.Time, decided func()) error {
-	return r.dispatch(ctx, privs, deadline, decided, false)
+	return r.DispatchReadBegun(ctx, privs, r.Clock.Now(), deadline, decided)
+}
+
+// DispatchReadBegun is DispatchBegun of privileges the caller has read.
+func (r *Privileges) DispatchReadBegun(ctx context.Context, privs []Privilege, began, deadline time.Time, decided func()) error {
+	if began.IsZero() {
+		// (The zero time would read as "before every expiry": Resume.)
+		began = r.Clock.Now()
+	}
+	return r.dispatch(ctx, privs, began, deadline, decided)
 }
 
 // Resume is DispatchRead of privileges whose revocation already began (a
@@ -332,7 +350,7 @@ func (r *Privileges) DispatchRead(ctx context.Context, privs []Privilege, deadli
 // whose hook hung, before the hook deadline, decided it expired on its
 // registrant's word.
 func (r *Privileges) Resume(ctx context.Context, privs []Privilege, deadline time.Time, decided func()) error {
-	return r.dispatch(ctx, privs, deadline, decided, true)
+	return r.dispatch(ctx, privs, time.Time{}, deadline, decided)
 }
 
 // ResumeNodes is Resume of the undecided privileges of the nodes.
@@ -344,7 +362,9 @@ func (r *Privileges) ResumeNodes(ctx context.Context, nodeIDs []string, deadline
 	return r.Resume(ctx, privs, deadline, decided)
 }
 
-func (r *Privileges) dispatch(ctx context.Context, privs []Privilege, deadline time.Time, decided func(), begun bool) error {
+// dispatch decides expired the privileges past their expiry at began (the
+// zero time: none) and calls the others.
+func (r *Privileges) dispatch(ctx context.Context, privs []Privilege, began, deadline time.Time, decided func()) error {
 	now := r.Clock.Now()
 	var expired []Privilege
 	byNode := map[string][]Privilege{}
@@ -356,7 +376,7 @@ func (r *Privileges) dispatch(ctx context.Context, privs []Privilege, deadline t
 	for _, p := range privs {
 		switch {
 		case p.Outcome != "" || r.inFlight[p.ID]:
-		case !begun && !now.Before(p.ExpiresAt):
+		case !began.IsZero() && !began.Before(p.ExpiresAt):
 			p.Outcome, p.DecidedAt = OutcomeExpired, now
 			expired = append(expired, p)
 		default:
