@@ -31,6 +31,16 @@ export interface Signal {
   deadline?: Date;
 }
 
+/**
+ * Whether err, a session's or a heartbeat's, is a refusal run ends on: the
+ * credential is dead (unauthenticated, permission_denied) or the node's
+ * exit was confirmed (failed_precondition).
+ */
+function endsRun(err: unknown): boolean {
+  if (!(err instanceof ConnectError)) return false;
+  return err.code === Code.Unauthenticated || err.code === Code.PermissionDenied || err.code === Code.FailedPrecondition;
+}
+
 /** A spawned child: its node and the credential to hand to the child's process (which calls {@link Agent.join}). */
 export interface Child {
   node: Node;
@@ -89,6 +99,9 @@ export class Agent {
   // it. exited: the claim was made; run opens no session after it.
   #live?: { claim: (reason: string) => void; ended: Promise<void>; claimed: boolean };
   #exited = false;
+  // Settles when the heartbeat run sends in place of a refused session has
+  // been answered (undefined: none under way); confirmExit claims after it.
+  #beating?: Promise<void>;
   // The latest run's warn: where a failed signal callback is reported.
   #warn?: (message: string) => void;
   // The onAbort callbacks' promises not yet settled (each already
@@ -314,6 +327,12 @@ export class Agent {
    * so, on a dead credential, it settles once the onAbort callbacks'
    * promises have (those the abort signal started before included; see
    * {@link Agent.onAbort}), or options.signal aborts.
+   * A session refused for a bound (resource_exhausted: the node's open
+   * sessions, which whoever else holds its credential may hold, its signal
+   * streams, its lineage's) is followed by a unary heartbeat, whose answer
+   * carries the node's signal and a fresh credential as a session would;
+   * its refusal of a dead credential or a confirmed exit ends run as the
+   * session's would.
    * The wait before a reconnect doubles from 100 ms up to 5 s while
    * sessions fail to open, and starts again from 100 ms after one opened.
    */
@@ -333,6 +352,19 @@ export class Agent {
         err = e;
       }
       if (options.signal?.aborted || this.#exited) return;
+      if (err instanceof ConnectError && err.code === Code.ResourceExhausted) {
+        // The session was refused for a bound: the node's open sessions
+        // (held, maybe, by whoever else holds its credential: the parent
+        // that spawned it keeps a copy), its signal streams, its
+        // lineage's. Its signal still comes in a heartbeat's answer, and
+        // so does a fresh credential: a rogue parent that held every
+        // session its child may open had the child hear no stop of its
+        // subtree, its work going on until its credential was refused at
+        // the record (rogue40N test; the Go SDK's Run, rogue40a).
+        const herr = await this.#heartbeat(options.signal);
+        if (endsRun(herr)) err = herr;
+        if (options.signal?.aborted || this.#exited) return;
+      }
       const code = err instanceof ConnectError ? err.code : undefined;
       if (code === Code.Unauthenticated || code === Code.PermissionDenied) {
         // The credential is dead (the node was terminated): nothing to
@@ -362,6 +394,34 @@ export class Agent {
       options.warn?.(`tether: session with the control plane broke (${err === undefined ? "ended by the server" : (err as Error).message}); reconnecting in ${backoff} ms`);
       await sleep(backoff, options.signal);
       backoff = Math.min(backoff * 2, 5000);
+    }
+  }
+
+  /**
+   * Sends the unary heartbeat, in place of a session the control plane
+   * refused, and applies its answer: the node's signal and a fresh
+   * credential. It resolves with the heartbeat's error, if any. Not after
+   * the exit claim (its activity would contradict it), and the claim
+   * waits for it.
+   */
+  async #heartbeat(signal?: AbortSignal): Promise<unknown> {
+    if (this.#exited) return undefined;
+    let beaten!: () => void;
+    const beating = new Promise<void>((resolve) => (beaten = resolve));
+    this.#beating = beating;
+    try {
+      const resp = await this.conn.agent.heartbeat({ nodeId: this.#node.nodeId }, { signal });
+      if (resp.credential?.credential) {
+        this.conn.setToken(resp.credential.credential);
+        this.#credentialExpiresAt = dateOf(resp.credential.expiresAt);
+      }
+      if (resp.signal) this.#handle(resp.signal);
+      return undefined;
+    } catch (err) {
+      return err;
+    } finally {
+      if (this.#beating === beating) this.#beating = undefined;
+      beaten();
     }
   }
 
@@ -446,6 +506,8 @@ export class Agent {
    */
   async confirmExit(reason = ""): Promise<void> {
     this.#exited = true;
+    // A heartbeat in place of a refused session: the claim goes after it.
+    if (this.#beating !== undefined) await this.#beating;
     const live = this.#live;
     if (live === undefined) {
       await this.conn.agent.confirmExit({ nodeId: this.#node.nodeId, reason });
