@@ -4,6 +4,7 @@ import { allows, parseJwks, TokenError, verifyToken, DefaultLeewayMs, type Claim
 import { Conn } from "./conn.js";
 import type { WatchRevocationsResponse } from "./gen/tether/v1/capability_pb.js";
 import { dateOf, feedHooks, sleep, withoutSecret } from "./internal.js";
+import { digest, TokenCache } from "./tokencache.js";
 
 /** Where the control plane publishes its public keys. */
 export const JwksPath = "/.well-known/jwks.json";
@@ -24,6 +25,24 @@ const maxBackoffMs = 5_000;
  * check on every call. The Go verifier holds as many.
  */
 export const MaxCachedTokensPerHolder = 4;
+
+/**
+ * Bounds the claims a Verifier caches of one token (the characters of its
+ * ids, chain and scopes): a token carrying more is verified, signature and
+ * all, at each call, and never cached. An agent's token of a few scopes
+ * carries a few hundred; a rogue's grant of 32 scopes of 128 bytes,
+ * delegated to each of its children, carries 4 KiB. The Go verifier's
+ * MaxCachedClaimBytes.
+ */
+export const MaxCachedClaimBytes = 2 << 10;
+
+/**
+ * The verified tokens a Verifier caches by default: at most
+ * MaxCachedClaimBytes of claims each and no token (its digest). It was
+ * 65,536 entries, each keeping the token and its claims of any size (the
+ * Go verifier's default, rogue40M test).
+ */
+export const DefaultCacheSize = 1 << 14;
 
 /** Tells a Verifier the time in ms since the epoch. Tests inject a manual clock. */
 export interface Clock {
@@ -53,7 +72,17 @@ export interface VerifierOptions {
    * plane's heartbeat (two seconds by default).
    */
   stalenessBudgetMs?: number;
-  /** Bounds the verified tokens kept so their signatures are not checked again; default 65536, 0 to disable. */
+  /**
+   * Bounds the verified tokens kept (until they expire) so that their
+   * signatures are not checked again; default DefaultCacheSize, 0 to
+   * disable. An entry keeps the token's SHA-256 and its claims (at most
+   * MaxCachedClaimBytes), at most MaxCachedTokensPerHolder of one holder's;
+   * once the cache is full, a token of a lineage (its root grant and all
+   * delegated under it) holding an eighth of it or more replaces its
+   * lineage's oldest, and any other's makes room, expired entries and the
+   * largest lineages' oldest first (the Go verifier's rule): a rogue whose
+   * children each present their tokens keeps at most its share.
+   */
   cacheSize?: number;
   /** The least time between two key-set fetches caused by unknown kids; default 10 s. */
   jwksMinIntervalMs?: number;
@@ -103,7 +132,6 @@ export class Verifier {
   readonly #issuer: string;
   readonly #leeway: number;
   readonly #budget: number;
-  readonly #cacheSize: number;
   readonly #jwksMinInterval: number;
   readonly #clock: Clock;
   readonly #warn: (message: string) => void;
@@ -131,9 +159,8 @@ export class Verifier {
   #feedLast?: number;
   #feedSyncedRaw?: number;
   #feedElapsed = 0;
-  #cache = new Map<string, Claims>();
-  /** Each holder's cached tokens, oldest first. */
-  #byHolder = new Map<string, string[]>();
+  /** The verified tokens' claims by the tokens' digests (undefined: no cache). */
+  readonly #cache?: TokenCache<Claims>;
   #ready: Promise<void>;
   #markReady!: () => void;
   #waiters: { sequence: bigint; resolve: () => void }[] = [];
@@ -150,7 +177,8 @@ export class Verifier {
     this.#issuer = options.issuer ?? "tether";
     this.#leeway = options.leewayMs ?? DefaultLeewayMs;
     this.#budget = options.stalenessBudgetMs && options.stalenessBudgetMs > 0 ? options.stalenessBudgetMs : DefaultStalenessBudgetMs;
-    this.#cacheSize = options.cacheSize ?? 1 << 16;
+    const cacheSize = options.cacheSize ?? DefaultCacheSize;
+    if (cacheSize > 0) this.#cache = new TokenCache<Claims>(cacheSize, MaxCachedTokensPerHolder, Math.max(1, Math.floor(cacheSize / 8)));
     this.#jwksMinInterval = options.jwksMinIntervalMs && options.jwksMinIntervalMs > 0 ? options.jwksMinIntervalMs : DefaultJwksMinIntervalMs;
     this.#clock = options.clock ?? { now: Date.now };
     const injected = options.clock;
@@ -245,10 +273,11 @@ export class Verifier {
   }
 
   async #claims(token: string, now: number): Promise<Claims> {
-    const cached = this.#cache.get(token);
+    const sum = this.#cache ? digest(token) : "";
+    const cached = this.#cache?.get(sum);
     if (cached) {
       if (now < cached.expiresAt.getTime()) return cached;
-      this.#forget(token);
+      this.#cache!.remove(sum);
       throw new TokenError("token_expired", `token for grant ${cached.grantId} expired at ${cached.expiresAt.toISOString()}`);
     }
     const options = { issuer: this.#issuer, leewayMs: this.#leeway };
@@ -262,35 +291,26 @@ export class Verifier {
       await this.#refreshAfterMiss(now);
       claims = verifyToken(token, (kid) => this.#keys.get(kid), now, options);
     }
-    if (this.#cacheSize > 0) this.#remember(token, claims);
+    if (this.#cache) this.#remember(sum, claims, now);
     return claims;
   }
 
-  /** Caches a verified token while there is room, at most MaxCachedTokensPerHolder of one holder's. */
-  #remember(token: string, claims: Claims): void {
-    if (this.#cache.has(token)) return;
-    const held = this.#byHolder.get(claims.holderNodeId) ?? [];
-    if (held.length >= MaxCachedTokensPerHolder) {
-      this.#forget(held[0]);
-    } else if (this.#cache.size >= this.#cacheSize) {
-      return;
-    }
-    this.#cache.set(token, claims);
-    this.#byHolder.set(claims.holderNodeId, [...(this.#byHolder.get(claims.holderNodeId) ?? []), token]);
-  }
-
-  #forget(token: string): void {
-    const cached = this.#cache.get(token);
-    if (!cached) return;
-    this.#cache.delete(token);
-    const held = (this.#byHolder.get(cached.holderNodeId) ?? []).filter((t) => t !== token);
-    if (held.length === 0) this.#byHolder.delete(cached.holderNodeId);
-    else this.#byHolder.set(cached.holderNodeId, held);
+  /**
+   * Caches a verified token's claims under its digest, unless they pass
+   * MaxCachedClaimBytes: at most MaxCachedTokensPerHolder of one holder's
+   * (its next replaces its oldest), and, once the cache is full, a
+   * lineage's share (TokenCache).
+   */
+  #remember(sum: string, claims: Claims, now: number): void {
+    const cache = this.#cache!;
+    if (claimBytes(claims) > MaxCachedClaimBytes || cache.get(sum)) return;
+    cache.put(sum, claims.holderNodeId, claims.chain[0] ?? claims.grantId, claims.expiresAt.getTime(), now, claims);
   }
 
   /** How many verified tokens are cached, in all and of holder (for tests). */
   cached(holder?: string): number {
-    return holder === undefined ? this.#cache.size : (this.#byHolder.get(holder)?.length ?? 0);
+    if (!this.#cache) return 0;
+    return holder === undefined ? this.#cache.size : this.#cache.held(holder);
   }
 
   async #refreshAfterMiss(now: number): Promise<void> {
@@ -453,8 +473,16 @@ export class Verifier {
   #maintain(): void {
     const now = this.#clock.now();
     for (const [id, t] of this.#tombstones) if (now > t.dropAfterMs) this.#tombstones.delete(id);
-    for (const [token, c] of this.#cache) if (now >= c.expiresAt.getTime()) this.#forget(token);
+    this.#cache?.expire(now);
   }
+}
+
+/** What the strings of c hold: what a cache entry keeps of the token. */
+function claimBytes(c: Claims): number {
+  let n = c.grantId.length + c.holderNodeId.length + c.root.length + c.keyId.length;
+  for (const s of c.chain) n += s.length;
+  for (const s of c.scopes) n += s.length;
+  return n;
 }
 
 /**
