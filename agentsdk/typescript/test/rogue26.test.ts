@@ -8,7 +8,7 @@ import { createConnectTransport } from "@connectrpc/connect-node";
 
 import { Agent, JobEnded, LeaseWorker, MaxMessageBytes, StopSignalled, TetherScope } from "../src/index.js";
 import { NodeOutcome } from "../src/gen/tether/v1/supervisor_pb.js";
-import { startServer, TestServer } from "./server.js";
+import { startServer, TestServer, within } from "./server.js";
 
 let server: TestServer;
 
@@ -18,15 +18,6 @@ before(async () => {
 after(async () => {
   await server?.stop();
 });
-
-/** p, or a rejection naming what did not happen within ms (a guard against a hang, not a timing). */
-function within<T>(p: Promise<T>, ms: number, what: () => string): Promise<T> {
-  let timer!: ReturnType<typeof setTimeout>;
-  const late = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`${what()} within ${ms} ms`)), ms);
-  });
-  return Promise.race([p, late]).finally(() => clearTimeout(timer));
-}
 
 describe("rogue26: an agent whose exit was confirmed while it was cut off", () => {
   // A launcher attests the agent's exit (ConfirmExit with an operator

@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
 import { StopSignalled, type Signal } from "../src/index.js";
-import { startServer, TestServer } from "./server.js";
+import { startServer, TestServer, within } from "./server.js";
 
 let server: TestServer;
 
@@ -18,15 +18,6 @@ before(async () => {
 after(async () => {
   await server?.stop();
 });
-
-/** p, or a rejection naming what did not happen within ms (a guard against a hang, not a timing). */
-function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer!: ReturnType<typeof setTimeout>;
-  const late = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`${what} did not happen within ${ms} ms`)), ms);
-  });
-  return Promise.race([p, late]).finally(() => clearTimeout(timer));
-}
 
 describe("rogue36a: a signal callback that waits", () => {
   test("an abort reaches an agent whose drain callback waits", async () => {

@@ -14,7 +14,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
 import { Agent, StopSignalled, type Signal } from "../src/index.js";
-import { startServer, TestServer } from "./server.js";
+import { startServer, TestServer, within } from "./server.js";
 
 let server: TestServer;
 
@@ -24,15 +24,6 @@ before(async () => {
 after(async () => {
   await server?.stop();
 });
-
-/** p, or a rejection naming what did not happen within ms (a guard against a hang, not a timing). */
-function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer!: ReturnType<typeof setTimeout>;
-  const late = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`${what} did not happen within ${ms} ms`)), ms);
-  });
-  return Promise.race([p, late]).finally(() => clearTimeout(timer));
-}
 
 /** A root agent whose session runs with warnings kept in warned. */
 async function agentWithWarnings(name: string): Promise<{ agent: Agent; warned: string[]; stop: () => Promise<void> }> {

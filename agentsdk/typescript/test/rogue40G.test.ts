@@ -17,7 +17,7 @@ import { after, before, describe, test } from "node:test";
 import { Agent, type Signal } from "../src/index.js";
 import { CallState } from "../src/gen/tether/v1/tool_pb.js";
 import { abortWaitHooks } from "../src/internal.js";
-import { startServer, TestServer } from "./server.js";
+import { startServer, TestServer, within } from "./server.js";
 
 let server: TestServer;
 
@@ -27,15 +27,6 @@ before(async () => {
 after(async () => {
   await server?.stop();
 });
-
-/** p, or a rejection naming what did not happen within ms (a guard against a hang, not a timing). */
-function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer!: ReturnType<typeof setTimeout>;
-  const late = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`${what} did not happen within ${ms} ms`)), ms);
-  });
-  return Promise.race([p, late]).finally(() => clearTimeout(timer));
-}
 
 /** Resolves once every microtask queued so far (and those they queue) has run. */
 function microtasksDrained(): Promise<void> {

@@ -269,3 +269,18 @@ async function startServerIn(dataDir: string, onPort?: number, ...extraArgs: str
   }
   return new TestServer(bin, baseUrl, dataDir, readFileSync(tokenFile, "utf8").trim(), child);
 }
+
+/**
+ * p, or a rejection naming what did not happen within ms: a guard against
+ * a hang, not a timing. what is a text, or a function giving one when the
+ * guard fires (to read state as it then is).
+ */
+export function within<T>(p: Promise<T>, ms: number, what: string | (() => string)): Promise<T> {
+  let timer!: ReturnType<typeof setTimeout>;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => {
+      reject(new Error(typeof what === "function" ? `${what()} within ${ms} ms` : `${what} did not happen within ${ms} ms`));
+    }, ms);
+  });
+  return Promise.race([p, late]).finally(() => clearTimeout(timer));
+}
