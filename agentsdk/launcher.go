@@ -312,7 +312,8 @@ func (l *Launcher) Current() (nodeID, version string) {
 }
 
 // Run starts the first process and supervises until ctx ends; then it
-// stops the processes (SIGTERM, then SIGKILL after KillGrace), confirms
+// stops the processes (SIGTERM, then SIGKILL to those still running after
+// one KillGrace for them all), confirms
 // their exits and terminates (abort) their nodes that no termination
 // covered, so what they and their descendants hold is revoked and their
 // records written (rogue39l test).
@@ -823,13 +824,26 @@ func (l *Launcher) stopAll() {
 			signalGroup(p.cmd, syscall.SIGTERM)
 		}
 	}
+	// One KillGrace for them all, then SIGKILL for each still running,
+	// before any exit is confirmed: waiting up to KillGrace for each in
+	// turn, a set of processes deaf to SIGTERM (a rogue drained for a new
+	// version runs on, beside its replacement) multiplied the shutdown,
+	// their credentials alive until each was killed (rogue40k test).
+	grace := time.NewTimer(l.cfg.KillGrace)
 	for _, p := range procs {
 		select {
 		case <-p.exited:
-		case <-time.After(l.cfg.KillGrace):
-			signalGroup(p.cmd, syscall.SIGKILL)
+		case <-grace.C:
+			for _, q := range procs {
+				if !isClosed(q.exited) {
+					signalGroup(q.cmd, syscall.SIGKILL)
+				}
+			}
 			<-p.exited
 		}
+	}
+	grace.Stop()
+	for _, p := range procs {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		if !p.confirmed {
 			if err := l.proveGone(p); err != nil {

@@ -5,6 +5,10 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -30,6 +34,14 @@ func TestLauncherHelperAgent(t *testing.T) {
 	}
 	if os.Getenv("TETHER_LAUNCHER_HELPER_LOOP") == "1" {
 		os.Exit(7) // a crash loop: every version dies at once
+	}
+	if dir := os.Getenv("TETHER_LAUNCHER_HELPER_STUBBORN"); dir != "" {
+		// rogue40k: deaf to SIGTERM and to its drain; its pid is left in
+		// dir for the test to look for.
+		signal.Ignore(syscall.SIGTERM)
+		if err := os.WriteFile(filepath.Join(dir, strconv.Itoa(os.Getpid())), nil, 0o600); err != nil {
+			os.Exit(9)
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -70,6 +82,10 @@ func TestLauncherHelperAgent(t *testing.T) {
 			os.Exit(6)
 		}
 		os.Exit(0)
+	}
+	if os.Getenv("TETHER_LAUNCHER_HELPER_STUBBORN") != "" {
+		<-ctx.Done()
+		os.Exit(5)
 	}
 	select {
 	case <-a.Draining():

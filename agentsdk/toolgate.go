@@ -252,7 +252,7 @@ func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope st
 	// returned a result after the order ran to its end (its side effect
 	// happened), and one that failed on its own account failed: the ledger
 	// records them as such, never as cancelled.
-	if errors.Is(context.Cause(hctx), ErrCancelled) && (errors.Is(herr, context.Canceled) || errors.Is(herr, ErrCancelled)) {
+	if errors.Is(context.Cause(hctx), ErrCancelled) && (errorIs(herr, context.Canceled) || errorIs(herr, ErrCancelled)) {
 		if _, err := g.conn.Tool.CancelAck(rctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: callID, GateId: g.ID})); err != nil {
 			return errors.Join(herr, err)
 		}
@@ -302,7 +302,7 @@ func runHandler(ctx context.Context, handler func(ctx context.Context) error) (h
 		if panicked == nil {
 			panicked = errHandlerPanicked
 		}
-		herr = fmt.Errorf("%w: %v", errHandlerPanicked, panicked)
+		herr = fmt.Errorf("%w: %s", errHandlerPanicked, panicText(panicked))
 	}()
 	herr = handler(ctx)
 	done = true
@@ -327,7 +327,49 @@ func (g *ToolGate) reportFailed(ctx context.Context, callID string, herr error, 
 // is sent (the call's end must reach the ledger, which keeps
 // maxCallErrorBytes anyway), without the caller's token.
 func reportedError(herr error, token string) string {
-	return clipUTF8(strings.ToValidUTF8(withoutToken(herr.Error(), token), "\uFFFD"), maxCallErrorBytes)
+	return clipUTF8(strings.ToValidUTF8(withoutToken(errorText(herr), token), "\uFFFD"), maxCallErrorBytes)
+}
+
+// errNoText stands for the text of a tool's error that has none.
+const errNoText = "agentsdk: the tool failed with an error that has no text"
+
+// errorText is herr.Error(), or errNoText when that panics. A handler's
+// error comes from code a rogue agent's input steers: a typed nil (a nil
+// *T returned as an error, whose Error reads its receiver) panics when it
+// is read, and the gate, panicking on its way to EndCall, left the call in
+// flight for good: the agent's drain held to its deadline, its abort's
+// cancel recorded unacknowledged (rogue40k test). The TypeScript and
+// Python gates do the same.
+func errorText(herr error) (text string) {
+	defer func() {
+		if recover() != nil {
+			text = errNoText
+		}
+	}()
+	return herr.Error()
+}
+
+// errorIs is errors.Is, false when herr's chain panics as it is walked
+// (a typed nil's Unwrap or Is reading its receiver; see errorText).
+func errorIs(herr, target error) (is bool) {
+	defer func() {
+		if recover() != nil {
+			is = false
+		}
+	}()
+	return errors.Is(herr, target)
+}
+
+// panicText is a handler's panic value as text, or a placeholder when
+// describing it panics: fmt recovers one panic of a value's Error or
+// String method, not a second one while it describes the first.
+func panicText(v any) (text string) {
+	defer func() {
+		if recover() != nil {
+			text = "a value that has no text"
+		}
+	}()
+	return fmt.Sprint(v)
 }
 
 // gateCallKey keys the ToolGate call a handler runs in (a gateCall).
@@ -360,7 +402,7 @@ func stoppedByCaller(ctx context.Context, herr error) bool {
 	if herr == nil || ctx.Err() == nil {
 		return false
 	}
-	return errors.Is(herr, ctx.Err()) || errors.Is(herr, context.Cause(ctx))
+	return errorIs(herr, ctx.Err()) || errorIs(herr, context.Cause(ctx))
 }
 
 // Middleware guards an HTTP tool: the capability token comes in the

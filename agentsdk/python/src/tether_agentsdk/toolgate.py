@@ -332,7 +332,7 @@ class ToolGate(StreamFollower):
             # is read by every viewer, and the token is a bearer credential
             # for tools. It is cut out before the clip (which could leave
             # a usable piece).
-            req["error"] = _wire.text(_redact(f"{error.__class__.__name__}: {error}", call._presented)[:500])
+            req["error"] = _wire.text(_redact(_error_text(error), call._presented)[:500])
         self.conn.call("ToolService", "EndCall", req, timeout=self._call_timeout())
 
     def _end_abandoned(self, call: GateCall) -> None:
@@ -484,6 +484,29 @@ class _GatedBlock:
         if stopped and not isinstance(exc, ToolCallCancelled):
             raise ToolCallCancelled(call.call_id, call.reason) from None
         return False
+
+
+#: Stands for the text of a tool's error that has none.
+_NO_TEXT = "the tool failed with an error that has no text"
+
+
+def _error_text(error: BaseException) -> str:
+    """A tool's error as the gate reports it: its type's name and its text,
+    or a placeholder for the text. Never raises: a tool that raises what
+    its input (or an upstream's answer to it) says went wrong, as it came,
+    raises what a rogue caller chose, an exception whose ``__str__`` raises
+    or returns no text, and a gate that raised on describing it never
+    reported the call's end (rogue40K test: the call in flight for good, a
+    drain held to its deadline, the abort's cancel unacknowledged), as the
+    Go and TypeScript gates record such a call failed."""
+    try:
+        name = type(error).__name__
+    except Exception:  # noqa: BLE001 — a rogue metaclass
+        name = "Exception"
+    try:
+        return f"{name}: {error}"
+    except Exception:  # noqa: BLE001 — whatever the tool's __str__ raises
+        return f"{name}: {_NO_TEXT}"
 
 
 def _redact(text: str, token: str) -> str:
