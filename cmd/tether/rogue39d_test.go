@@ -21,26 +21,9 @@ import (
 // page, as `tether record ls` does.
 func TestRogue39DGrantListIsReadAPageAtATime(t *testing.T) {
 	srv := testserver.Start(t)
-	ctx := context.Background()
 	w := startRogueWorld(t, srv)
-	kid, err := w.rogue.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: w.child.Node.NodeId, Name: "kid"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	own, err := w.admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: w.child.Node.NodeId, Scopes: []string{"tool:http"}}))
-	if err != nil {
-		t.Fatal(err)
-	}
 	const delegations = 4
-	for range delegations {
-		d, err := w.rogue.Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: own.Msg.Grant.GrantId, HolderNodeId: kid.Msg.Node.NodeId, Scopes: []string{"tool:http"}}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := w.rogue.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: d.Msg.Grant.GrantId}, Reason: "again"})); err != nil {
-			t.Fatal(err)
-		}
-	}
+	rogueDelegatesAndRevokes(t, w, delegations)
 	seen := pageThroughArgs(t, srv, []string{"grant", "ls"}, 1+delegations)
 	for g, n := range seen {
 		if n != 1 {
@@ -50,6 +33,33 @@ func TestRogue39DGrantListIsReadAPageAtATime(t *testing.T) {
 	if _, err := cli(t, srv.URL, srv.Admin, "grant", "ls", "--limit", "0"); err == nil || !strings.Contains(err.Error(), "--limit") {
 		t.Fatalf("tether grant ls --limit 0: %v, want a refusal naming --limit", err)
 	}
+}
+
+// rogueDelegatesAndRevokes has the rogue's child, holding a grant the
+// operator issued it (whose id it returns), delegate it to the child's
+// own child and revoke the delegation, n times: n revoked grants kept,
+// each derived from the operator's.
+func rogueDelegatesAndRevokes(t *testing.T, w rogueWorld, n int) string {
+	t.Helper()
+	ctx := context.Background()
+	kid, err := w.rogue.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: w.child.Node.NodeId, Name: "kid"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := w.admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: w.child.Node.NodeId, Scopes: []string{"tool:http"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range n {
+		d, err := w.rogue.Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: own.Msg.Grant.GrantId, HolderNodeId: kid.Msg.Node.NodeId, Scopes: []string{"tool:http"}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.rogue.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: d.Msg.Grant.GrantId}, Reason: "again"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return own.Msg.Grant.GrantId
 }
 
 // TestRogue39DLeaseListIsReadAPageAtATime: the rogue holds jobs whose ids

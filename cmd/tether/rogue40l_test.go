@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 
 	"github.com/tetherhq/tether/controlplane/testserver"
@@ -25,27 +24,9 @@ import (
 // --derived-from … --page-token …`), which pages through each grant once.
 func TestRogue40LGrantTreeIsReadAPageAtATime(t *testing.T) {
 	srv := testserver.Start(t)
-	ctx := context.Background()
 	w := startRogueWorld(t, srv)
-	kid, err := w.rogue.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: w.child.Node.NodeId, Name: "kid"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	own, err := w.admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: w.child.Node.NodeId, Scopes: []string{"tool:http"}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	root := own.Msg.Grant.GrantId
 	const delegations = 4
-	for range delegations {
-		d, err := w.rogue.Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: root, HolderNodeId: kid.Msg.Node.NodeId, Scopes: []string{"tool:http"}}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := w.rogue.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: d.Msg.Grant.GrantId}, Reason: "again"})); err != nil {
-			t.Fatal(err)
-		}
-	}
+	root := rogueDelegatesAndRevokes(t, w, delegations)
 	out, err := cli(t, srv.URL, srv.Admin, "grant", "tree", root, "--limit", "2")
 	if err != nil {
 		t.Fatalf("tether grant tree --limit 2: %v (before the fix: no --limit, every page of the derivation read and drawn)", err)
