@@ -68,23 +68,32 @@ func (t *toolService) BeginCall(ctx context.Context, req *connect.Request[tether
 	// the generation it was read after (activeNodes).
 	var holder *tree.Node
 	var gen uint64
+	var holderRefused bool // the charge refused the holder's lineage
 	call, err := l.Begin(ctx, req.Msg.Token, req.Msg.Tool, gate, req.Msg.RequiredScope, p.ID(), func(ctx context.Context, nodeID string) error {
 		n, g, err := t.chargeHolder(ctx, nodeID)
 		if nodeID != "" {
-			holder, gen = n, g
+			holder, gen, holderRefused = n, g, err != nil
 		}
 		return err
 	})
 	// A call begun, or a request the gate served (a seen report), with
 	// the token of a node that never had a session is weighed against
 	// its ancestors' claims of exit as its own requests are (agentActAs).
-	// A holder that may act is then remembered as its own requests
-	// remember it.
-	if (err == nil || errors.Is(err, ledger.ErrSeenNoted)) && holder != nil {
+	// So is one refused for its lineage's spent budget of a running such
+	// node (its token at work, as a refusal for budget after a session's
+	// end is: chargeHolder), not of one a stop covers, whose call the
+	// ledger would refuse anyway: until the fortieth pass a rogue parent
+	// that spent its lineage's budget, claimed its exit and called on
+	// with its never-sessioned child's token, every call refused unnoted,
+	// read confirmed by the control plane. A holder that may act is then
+	// remembered as its own requests remember it: a flood of refusals
+	// costs one read of its ancestors until one of them changes.
+	refusedAtWork := holderRefused && holder != nil && holder.State == tree.NodeStateRunning
+	if (err == nil || errors.Is(err, ledger.ErrSeenNoted) || refusedAtWork) && holder != nil {
 		if nerr := t.s.tree.NoteAtWorkAfterClaims(ctx, holder, tree.ActivityToolCall); nerr != nil {
 			return nil, toConnect(nerr)
 		}
-		if err == nil && holder.State != tree.NodeStateTerminated && !tree.ExitConfirmed(holder) && !tree.SessionEndIsLastSeen(holder) {
+		if (err == nil || refusedAtWork) && holder.State != tree.NodeStateTerminated && !tree.ExitConfirmed(holder) && !tree.SessionEndIsLastSeen(holder) {
 			t.s.active.remember(holder, gen)
 		}
 	}
