@@ -3,9 +3,12 @@ package controlplane
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/reconcile"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/tree"
@@ -28,10 +31,17 @@ var errDeadlineSettled = errors.New("controlplane: the stop's deadline is settle
 // a rogue parent's day-long drain deadline while the record waited a
 // minute for its exit (rogue38a test). The stop is followed by the
 // supervisor's shared termination watch, only while its deadline may
-// still change (before its grants are revoked).
+// still change (before its grants are revoked). A watch that ends with an
+// error (a lagging shared watch that could not be opened again, a failed
+// read) is started again after a backoff on the clock (reconcile.Passes)
+// while the stream follows that stop: until the fortieth pass the
+// following simply ended, and a later change of the deadline was never
+// sent on that stream (rogue40r test).
 type drainFollower struct {
 	sup  *supervisor.Supervisor
 	ctx  context.Context
+	clk  clock.Clock
+	log  *slog.Logger
 	wake chan struct{} // one pending: send the drain signal again
 
 	mu     sync.Mutex
@@ -46,7 +56,7 @@ type drainFollower struct {
 // resend.again() (when not nil: the last drain signal, its stop's deadline
 // changed) through signal; stop ends the following.
 func (s *Server) signalsOut(ctx context.Context) (signal func(*tree.SessionSignal) *tetherv1.SessionSignal, resend *drainFollower, stop func()) {
-	f := newDrainFollower(ctx, s.supervisor)
+	f := newDrainFollower(ctx, s.supervisor, s.cfg.Clock, s.log)
 	return func(sig *tree.SessionSignal) *tetherv1.SessionSignal {
 		out := s.signalOut(ctx, sig)
 		var told time.Time
@@ -69,8 +79,8 @@ func (f *drainFollower) again() *tree.SessionSignal {
 	return f.last
 }
 
-func newDrainFollower(ctx context.Context, sup *supervisor.Supervisor) *drainFollower {
-	return &drainFollower{sup: sup, ctx: ctx, wake: make(chan struct{}, 1)}
+func newDrainFollower(ctx context.Context, sup *supervisor.Supervisor, clk clock.Clock, log *slog.Logger) *drainFollower {
+	return &drainFollower{sup: sup, ctx: ctx, clk: clk, log: log, wake: make(chan struct{}, 1)}
 }
 
 // sent notes the signal the stream sent (sig as the node called for it,
@@ -98,8 +108,8 @@ func (f *drainFollower) sent(sig *tree.SessionSignal, told time.Time) {
 	}
 	ctx, cancel := context.WithCancel(f.ctx)
 	f.cancel = cancel
-	go func() {
-		_ = f.sup.Watch(ctx, id, func(t supervisor.Termination) error {
+	go reconcile.Passes(ctx, "drain signal follower", f.clk, f.log, func(ctx context.Context) error {
+		err := f.sup.Watch(ctx, id, func(t supervisor.Termination) error {
 			d := stopDeadline(t)
 			f.mu.Lock()
 			changed := f.id == id && !d.IsZero() && !d.Equal(f.told)
@@ -115,7 +125,12 @@ func (f *drainFollower) sent(sig *tree.SessionSignal, told time.Time) {
 			}
 			return nil
 		})
-	}()
+		if err == nil || errors.Is(err, errDeadlineSettled) {
+			// Settled, or terminated (Watch's own end): nothing to follow.
+			return reconcile.Permanent(errDeadlineSettled)
+		}
+		return err
+	})
 }
 
 // stop ends the following.

@@ -28,6 +28,7 @@ type laggingStore struct {
 	mu      sync.Mutex
 	watches []*lagWatch
 	held    map[string]chan struct{} // opener → closed when its new watches may open
+	failed  map[string]error         // opener → the error its new watches fail with
 }
 
 type lagWatch struct {
@@ -54,6 +55,12 @@ func (s *laggingStore) Watch(ctx context.Context, prefix []byte) (store.Watcher,
 	for o, ch := range s.held {
 		if strings.Contains(opener, o) {
 			wait = append(wait, ch)
+		}
+	}
+	for o, err := range s.failed {
+		if strings.Contains(opener, o) {
+			s.mu.Unlock()
+			return nil, err
 		}
 	}
 	s.mu.Unlock()
@@ -134,6 +141,36 @@ func (s *laggingStore) hold(opener string) (release func()) {
 		s.mu.Unlock()
 		close(ch)
 	}
+}
+
+// fail makes the new watches a function named opener opens fail with err
+// (a backend that could not open a watch: etcd without a quorum, say)
+// until the returned function is called.
+func (s *laggingStore) fail(opener string, err error) (heal func()) {
+	s.mu.Lock()
+	if s.failed == nil {
+		s.failed = map[string]error{}
+	}
+	s.failed[opener] = err
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		delete(s.failed, opener)
+		s.mu.Unlock()
+	}
+}
+
+// opened counts the watches a function named opener opened.
+func (s *laggingStore) opened(opener string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, w := range s.watches {
+		if strings.Contains(w.opener, opener) {
+			n++
+		}
+	}
+	return n
 }
 
 // lag ends with ErrWatchLagged every open watch that a function named
