@@ -208,8 +208,11 @@ func TestRogue35IChromiumPagesThroughARoguesChildren(t *testing.T) {
 		if !more {
 			break
 		}
-		run(t, ctx, "the next page", chromedp.Evaluate[chromedp.Void](`document.querySelector('#tree-total').id = 'tree-total-old'`),
-			chromedp.Click(chromedp.CSS("#tree-next")), chromedp.WaitVisible(chromedp.CSS("#tree-total")))
+		// The next page is read once its last element, after the tree,
+		// is there (its summary comes before the tree: seen, it left a
+		// page's nodes still to be parsed on a loaded machine).
+		run(t, ctx, "the next page", chromedp.Evaluate[chromedp.Void](`document.querySelector('#tree-loaded').id = 'tree-loaded-old'`),
+			chromedp.Click(chromedp.CSS("#tree-next")), chromedp.WaitVisible(chromedp.CSS("#tree-loaded")))
 	}
 	// The first were on the rogue's page; the pages after hold the rest.
 	for i := range rogue35iChildren {
