@@ -152,9 +152,14 @@ func (w *terminationWatches) follow(ctx context.Context, st store.Store, run *wa
 		if err == nil {
 			err = store.ErrClosed
 		}
-		w.each(run, func(sub *terminationSub) { sub.err = err })
+		// The subscriptions are ended and dropped under one hold of the
+		// lock: a subscribe between the two found the run still live and
+		// its subscription was dropped unwoken, its Watch waiting until
+		// its context ended rather than failing (and a drain follower's
+		// retry never ran).
 		w.mu.Lock()
 		if w.run == run {
+			w.eachLocked(func(sub *terminationSub) { sub.err = err })
 			run.cancel()
 			w.run, w.subs = nil, nil
 		}
@@ -197,6 +202,12 @@ func (w *terminationWatches) each(run *watchRun, f func(*terminationSub)) {
 	if w.run != run {
 		return
 	}
+	w.eachLocked(f)
+}
+
+// eachLocked applies f to every subscription, under its lock, and wakes
+// it; w.mu is held.
+func (w *terminationWatches) eachLocked(f func(*terminationSub)) {
 	for _, m := range w.subs {
 		for sub := range m {
 			sub.mu.Lock()
