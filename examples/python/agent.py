@@ -22,11 +22,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "agentsdk" / "python" / "src"))
 
 from tether_agentsdk import Aborted, Agent, Conn, ToolCallCancelled, ToolGate, ToolRefused, tool_gate  # noqa: E402
+
+
+_said = threading.Lock()
+
+
+def say(line: str) -> None:
+    """Prints a whole line: the drain callback says its own on a thread of
+    its own, and print writes a line and its end apart."""
+    with _said:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 def read(path: str) -> str:
@@ -43,7 +55,7 @@ async def main() -> int:
     args = p.parse_args()
 
     agent = Agent.join(args.addr, read(args.credential_file))
-    agent.on_drain(lambda s: print(f"told to stop (abort={s.abort}): {s.reason}", flush=True))
+    agent.on_drain(lambda s: say(f"told to stop (abort={s.abort}): {s.reason}"))
     gate = ToolGate(Conn(args.addr, read(args.tool_token_file)), "py-example-gate")
     # A token lives minutes, the grant as long as its TTL: the source
     # refreshes the token before it expires.
@@ -51,12 +63,12 @@ async def main() -> int:
 
     @tool_gate(gate, "fetch", token=capability)
     async def fetch(n: int) -> str:
-        print(f"calling {n}", flush=True)
+        say(f"calling {n}")
         await asyncio.sleep(args.step)  # an abort cancels it here
         return f"page {n}"
 
     with agent, gate:
-        print(f"joined as {agent.node_id}", flush=True)
+        say(f"joined as {agent.node_id}")
         work = asyncio.current_task()
         assert work is not None
         agent.cancel_on_abort(work)
@@ -65,14 +77,14 @@ async def main() -> int:
             while not agent.draining.is_set():
                 n += 1
                 await fetch(n)
-                print(f"call {n} done", flush=True)
+                say(f"call {n} done")
         except (asyncio.CancelledError, ToolCallCancelled, ToolRefused, Aborted) as e:
-            print(f"stopped during call {n}: {e.__class__.__name__}", flush=True)
+            say(f"stopped during call {n}: {e.__class__.__name__}")
         try:
             await asyncio.to_thread(agent.confirm_exit, "stopped by the control plane")
         except Exception as e:  # the node may be terminated already: its credential is dead
-            print(f"confirm exit: {e}", flush=True)
-    print("exited", flush=True)
+            say(f"confirm exit: {e}")
+    say("exited")
     return 0
 
 
