@@ -69,17 +69,7 @@ func rogue40jBurstNotHandedYet(t *testing.T, g *rogue31cRig) {
 	// The watch catches up; the loop goes round.
 	rogue37fSettle(t, g, ix, wt, 2)
 	r.startPeaks(ctx, ix)
-	for _, n := range []*tree.Node{w.rogue, w.planner} {
-		if !w.fires(t, r, ix, n, w.six) {
-			t.Errorf("a burst of six committed before the count's snapshot and handed after it was not seen at %s (count %d)", n.Name, ix.peaks[n.NodeID].now())
-		}
-		if w.fires(t, r, ix, n, w.seven) {
-			t.Errorf("a burst of six read above six at %s", n.Name)
-		}
-	}
-	if w.fires(t, r, ix, w.honest, w.hon) {
-		t.Errorf("the honest tree's workers, three calls each one after the other, read %d, above three", ix.peaks[w.honest.NodeID].now())
-	}
+	w.burstSeen(t, r, ix, "committed before the count's snapshot and handed after it")
 	for _, c := range held {
 		g.endCall(c)
 	}
@@ -146,18 +136,27 @@ func rogue40jBurstBeforeRescan(t *testing.T, g *rogue31cRig) {
 	}
 	rogue37fSettle(t, g, ix2, wt2, 3)
 	r.startPeaks(ctx, ix2)
+	w.burstSeen(t, r, ix2, "between the rescan's watch and its scan")
+	for _, c := range held {
+		g.endCall(c)
+	}
+}
+
+// burstSeen checks what the rogue40j tests read once the watch caught
+// up: the rogue's burst of six (what says when it came) fires the rule
+// at six, not seven, at the rogue and its planner, and the honest tree's
+// three calls one after the other do not read above three.
+func (w *rogue38fWorld) burstSeen(t *testing.T, r *Rules, ix *index, what string) {
+	t.Helper()
 	for _, n := range []*tree.Node{w.rogue, w.planner} {
-		if !w.fires(t, r, ix2, n, w.six) {
-			t.Errorf("a burst of six between the rescan's watch and its scan was not seen at %s (count %d)", n.Name, ix2.peaks[n.NodeID].now())
+		if !w.fires(t, r, ix, n, w.six) {
+			t.Errorf("a burst of six "+what+" was not seen at %s (count %d)", n.Name, ix.peaks[n.NodeID].now())
 		}
-		if w.fires(t, r, ix2, n, w.seven) {
+		if w.fires(t, r, ix, n, w.seven) {
 			t.Errorf("a burst of six read above six at %s", n.Name)
 		}
 	}
-	if w.fires(t, r, ix2, w.honest, w.hon) {
-		t.Errorf("the honest tree's workers, three calls each one after the other, read %d, above three", ix2.peaks[w.honest.NodeID].now())
-	}
-	for _, c := range held {
-		g.endCall(c)
+	if w.fires(t, r, ix, w.honest, w.hon) {
+		t.Errorf("the honest tree's workers, three calls each one after the other, read %d, above three", ix.peaks[w.honest.NodeID].now())
 	}
 }
