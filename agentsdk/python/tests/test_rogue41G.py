@@ -15,20 +15,35 @@ SDK decodes the answer as a typed message (a credential that is not text
 fails the message, the credential kept); the Python SDK now keeps its
 credential unless the answer's is a bearer token a header can carry, as
 the fortieth pass had it keep its node id (rogue40H test).
+
+An asyncio tool server's gate began and reported each call on the loop's
+default executor (``asyncio.to_thread``), the pool of a few threads
+(``min(32, cores + 4)``) where the tools themselves do their blocking work
+(``asyncio.to_thread``, ``run_in_executor(None, ...)``, LangChain's sync
+tools): a rogue caller whose input hangs that work (a URL of a server of
+its own that never answers) with as many calls as the pool has threads
+held every other agent's gated calls on the server, none begun, none whose
+tool had returned reported, for as long as it liked. Their callers waited,
+their calls stayed in flight in the ledger, and a drain of their agents
+waited for them to its deadline; an abort's cancel went unacknowledged, the
+honest tool server blamed. The Go gate reports on its own goroutines; the
+Python gate now runs its calls to the control plane on threads of its own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import threading
 import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from conftest import NO_RETRY
 from helpers import LoopbackPeer, QuietHandler, relay_end, terminate, wait_for
-from tether_agentsdk import Agent, Conn
+from tether_agentsdk import Agent, Conn, ToolGate
 
 
 class RewritingProxy(LoopbackPeer):
@@ -111,3 +126,75 @@ def test_rogue41G_a_heartbeat_answer_of_the_wrong_shape_does_not_deafen_or_abort
     finally:
         worker.close()
         proxy.close()
+
+
+# The loop's default executor in the test: as many threads as the rogue has
+# calls hanging (the default is min(32, cores + 4)).
+POOL = 4
+
+
+def test_rogue41G_a_rogues_calls_hanging_the_loops_threads_do_not_hold_another_agents_gated_calls(server, tree):
+    op = tree.operator
+    rogue = Agent.register_root(op, "rogue41g-rogue")
+    rogue_token = op.call("CapabilityService", "IssueRoot", {"holderNodeId": rogue.node_id, "scopes": ["tool:*"], "ttl": "3600s"})["token"]
+    gate = ToolGate(server.tool_server("rogue41g-pool"), "rogue41g-pool").start()
+    assert gate.ready.wait(10), "the gate's cancel orders did not open"
+    hung = threading.Event()  # set when the test ends: the rogue's input hangs the work until then
+    seen: dict = {}
+
+    def open_calls(node_id: str) -> int:
+        return len(op.call("ToolService", "ListCalls", {"nodeId": node_id}).get("calls", []))
+
+    async def scenario() -> None:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=POOL))
+        inside = asyncio.Event()
+        may_return = asyncio.Event()
+
+        async def honest_tool() -> str:
+            inside.set()
+            await may_return.wait()
+            return "answered"
+
+        async def quick_tool() -> str:
+            return "answered"
+
+        entered = 0
+
+        async def rogue_tool() -> None:
+            nonlocal entered
+            entered += 1
+            await asyncio.to_thread(hung.wait)  # its blocking work, hung by the rogue's input
+
+        # The honest agent's call, begun before the rogue's.
+        honest = asyncio.create_task(gate.arun(tree.root_token, "echo", honest_tool))
+        await inside.wait()
+        rogues = [asyncio.create_task(gate.arun(rogue_token, "fetch", rogue_tool)) for _ in range(POOL)]
+        while entered < POOL:  # every thread of the pool hung by the rogue's calls
+            await asyncio.sleep(0.02)
+        try:
+            may_return.set()
+            # Guards against the hang, not timings: each call ends at once
+            # unless its report waits for a thread the rogue holds.
+            done, _ = await asyncio.wait({honest}, timeout=20)
+            seen["first answered"] = honest in done
+            # Read on the loop's own thread: the pool is the rogue's.
+            seen["open in the ledger"] = open_calls(tree.root.node_id)
+            second = asyncio.create_task(gate.arun(tree.root_token, "echo", quick_tool))
+            done, _ = await asyncio.wait({second}, timeout=20)
+            seen["second answered"] = second in done
+        finally:
+            hung.set()
+        await asyncio.gather(honest, *rogues, return_exceptions=True)
+        if not second.done():
+            await asyncio.wait({second}, timeout=20)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        hung.set()
+        gate.close()
+        rogue.close()
+    assert seen["first answered"] and seen["open in the ledger"] == 0 and seen["second answered"], (
+        f"while a rogue's {POOL} calls hung the loop's {POOL} threads: the honest call whose tool returned answered its "
+        f"caller: {seen['first answered']}, and was in flight in the ledger: {seen['open in the ledger']} call(s); "
+        f"a second honest call answered: {seen['second answered']}")
