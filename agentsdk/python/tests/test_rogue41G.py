@@ -159,18 +159,22 @@ def test_rogue41G_a_rogues_calls_hanging_the_loops_threads_do_not_hold_another_a
             return "answered"
 
         entered = 0
+        all_entered = asyncio.Event()
 
         async def rogue_tool() -> None:
             nonlocal entered
             entered += 1
-            await asyncio.to_thread(hung.wait)  # its blocking work, hung by the rogue's input
+            if entered == POOL:
+                all_entered.set()
+            # Its blocking work, hung by the rogue's input: submitted to the
+            # pool in this step, before the loop runs anything else.
+            await asyncio.to_thread(hung.wait)
 
         # The honest agent's call, begun before the rogue's.
         honest = asyncio.create_task(gate.arun(tree.root_token, "echo", honest_tool))
         await inside.wait()
         rogues = [asyncio.create_task(gate.arun(rogue_token, "fetch", rogue_tool)) for _ in range(POOL)]
-        while entered < POOL:  # every thread of the pool hung by the rogue's calls
-            await asyncio.sleep(0.02)
+        await all_entered.wait()  # every thread of the pool hung by the rogue's calls
         try:
             may_return.set()
             # Guards against the hang, not timings: each call ends at once
