@@ -6,6 +6,7 @@ import http.client
 import http.server
 import json
 import queue
+import socket
 import struct
 import threading
 import time
@@ -73,6 +74,22 @@ class QuietHandler(http.server.BaseHTTPRequestHandler):
             pass  # either side left: the relayed stream ends here
         finally:
             up.close()
+
+
+def relay_end(client: socket.socket, upstream: socket.socket | None) -> None:
+    """Relays the end of a client's stream to its upstream, as a path
+    does: once the client's connection closes (or breaks), the upstream's
+    is shut, so the control plane sees the stream end."""
+    try:
+        while client.recv(4096):
+            pass
+    except OSError:
+        pass
+    if upstream is not None:
+        try:
+            upstream.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 class LoopbackPeer:

@@ -13,7 +13,7 @@ import socket
 import threading
 import urllib.parse
 
-from helpers import LoopbackPeer, QuietHandler, terminate, wait_for
+from helpers import LoopbackPeer, QuietHandler, relay_end, terminate, wait_for
 from tether_agentsdk import Agent, Conn
 from tether_agentsdk._wire import parse_timestamp
 
@@ -63,7 +63,7 @@ class CuttingProxy(LoopbackPeer):
                         peer.streams.append((self.connection, up))
                     # The client's end of the stream is relayed too, as a
                     # path does: its connection closing ends the upstream.
-                    threading.Thread(target=_relay_end, args=(self.connection, up.sock), daemon=True).start()
+                    threading.Thread(target=relay_end, args=(self.connection, up.sock), daemon=True).start()
                 self.relay_answer(up)
                 if method == "Heartbeat":
                     with peer.lock:
@@ -86,19 +86,6 @@ class CuttingProxy(LoopbackPeer):
     def count(self, what: str) -> int:
         with self.lock:
             return getattr(self, what)
-
-
-def _relay_end(client: socket.socket, upstream: socket.socket | None) -> None:
-    try:
-        while client.recv(4096):
-            pass
-    except OSError:
-        pass
-    if upstream is not None:
-        try:
-            upstream.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
 
 
 def _node(operator: Conn, node_id: str) -> dict:

@@ -92,6 +92,13 @@ class ConnectError(Exception):
         self.retry_after = retry_after if self.code == RESOURCE_EXHAUSTED else None
 
 
+def is_bearer_token(token: object) -> bool:
+    """Whether token is one a header can carry as a bearer token (text of
+    printable ASCII without spaces, as a JWT is): what a Conn presents, and
+    what an agent takes from an answer carrying a refreshed credential."""
+    return isinstance(token, str) and bool(_BARE_TOKEN.match(token))
+
+
 def _retry_after(value: str | None) -> float | None:
     """A Retry-After header's whole seconds, or None."""
     v = (value or "").strip()
@@ -297,7 +304,7 @@ class Conn:
     def _headers(self, content_type: str, timeout: float | None, token: str) -> dict[str, str]:
         h = {"Content-Type": content_type, "Connect-Protocol-Version": "1", "User-Agent": "tether-agentsdk-python"}
         if token:
-            if not _BARE_TOKEN.match(token):
+            if not is_bearer_token(token):
                 # http.client would refuse it with the whole header value
                 # (the token) in its error: refuse it here, unquoted.
                 raise ConnectError(UNAUTHENTICATED, "the bearer token holds a space, line break or other character a header cannot carry "

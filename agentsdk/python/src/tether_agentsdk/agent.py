@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from . import _wire
-from ._connect import FAILED_PRECONDITION, INTERNAL, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, Retry, close_stream
+from ._connect import FAILED_PRECONDITION, INTERNAL, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, Retry, close_stream, is_bearer_token
 
 log = logging.getLogger("tether_agentsdk")
 
@@ -579,9 +579,8 @@ class Agent:
             try:
                 resp = self.conn.call("AgentService", "Heartbeat", {"nodeId": self.node_id, "sentAt": _wire.timestamp(datetime.now(timezone.utc))})
                 cred = resp.get("credential")
-                if cred and cred.get("credential"):
-                    self.conn.set_token(cred["credential"])
-                    self.credential_expires_at = _wire.parse_timestamp(cred.get("expiresAt"))
+                if cred:
+                    self._refreshed(cred)
                 if resp.get("signal"):
                     self._handle(Signal.from_json(resp["signal"]))
             except ConnectError as e:
@@ -591,6 +590,30 @@ class Agent:
             except Exception as e:  # noqa: BLE001 — an answer of the wrong shape must not end the heartbeats
                 log.warning("tether: heartbeat: an answer of the wrong shape (%s: %s)", e.__class__.__name__, e)
             self._stop.wait(self.heartbeat_every)
+
+    def _refreshed(self, cred: Any) -> None:
+        """Takes the refreshed credential a heartbeat's answer carries, when
+        it is one: a bearer token a header can carry. One of the wrong shape
+        (a proxy's, a hostile peer's) is not taken, the agent's own kept: not
+        text, it failed every later heartbeat and reconnect before they left
+        the process, for good, and the agent never heard its stop; text a
+        header cannot carry, the SDK refused its own next call
+        unauthenticated and aborted the agent itself, as for a dead
+        credential the control plane never refused (rogue41G test). The Go
+        SDK decodes the answer as a typed message."""
+        token = cred.get("credential") if isinstance(cred, dict) else None
+        if not token:
+            return
+        if not is_bearer_token(token):
+            log.warning("tether: heartbeat: the answer's refreshed credential is not a bearer token (%s); the agent keeps its own",
+                        type(token).__name__)
+            return
+        try:
+            expires = _wire.parse_timestamp(cred.get("expiresAt"))
+        except (TypeError, ValueError):
+            expires = None
+        self.conn.set_token(token)
+        self.credential_expires_at = expires
 
     def __repr__(self) -> str:
         return f"Agent({self.node.get('name', '')!r}, {self.node_id})"

@@ -10,6 +10,7 @@ import inspect
 import logging
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Union
 
 from . import _wire
@@ -141,6 +142,16 @@ def _clip_reason(reason: object) -> str:
 #: tool's caller for the connection's 30 s.
 GATE_CALL_TIMEOUT = 10.0
 
+#: The most threads a gate runs an asyncio call's begin and report on, its
+#: own: on the loop's default executor (``asyncio.to_thread``), a few
+#: threads (``min(32, cores + 4)``) the tools' own blocking work shares, a
+#: rogue caller whose input hung that work (a URL of a server that never
+#: answers) in as many calls held every other agent's calls on the server,
+#: none begun and none reported for as long as it liked (rogue41G test).
+#: Here a call waits only for other calls' begins and reports, each one
+#: round trip to the control plane (GATE_CALL_TIMEOUT at most).
+GATE_THREADS = 32
+
 
 class ToolGate(StreamFollower):
     """Stands in front of tools. For each call it has the control plane
@@ -182,6 +193,7 @@ class ToolGate(StreamFollower):
         self._orders: dict[str, tuple[str, int]] = {}
         self._begins = 0
         self._beginning: set[int] = set()
+        self._threads: ThreadPoolExecutor | None = None  # GATE_THREADS, made on first use
 
     # -- cancel orders ----------------------------------------------------------
 
@@ -241,6 +253,17 @@ class ToolGate(StreamFollower):
         oldest = min(self._beginning, default=None)
         for call_id in [c for c, (_, begun) in self._orders.items() if oldest is None or begun < oldest]:
             del self._orders[call_id]
+
+    def _in_thread(self, fn: Callable[[], Any]) -> "asyncio.Future[Any]":
+        """Runs fn, a call to the control plane of an asyncio call's, on one
+        of the gate's own threads (GATE_THREADS), in a copy of the caller's
+        context as ``asyncio.to_thread`` runs it, never on the loop's
+        default executor, which the tools' blocking work shares."""
+        with self._lock:
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(max_workers=GATE_THREADS, thread_name_prefix=f"tether-gate-{self.gate_id}")
+            threads = self._threads
+        return asyncio.get_running_loop().run_in_executor(threads, contextvars.copy_context().run, fn)
 
     # -- calls --------------------------------------------------------------------
 
@@ -451,7 +474,7 @@ class _GatedBlock:
             return call
 
         try:
-            self.call = await asyncio.to_thread(begin)
+            self.call = await self.gate._in_thread(begin)
         except asyncio.CancelledError:
             with lock:
                 left = True
@@ -479,7 +502,7 @@ class _GatedBlock:
             task.uncancel()
         stopped = _stopped_by_cancel(call, exc)
         cancelled_elsewhere = not stopped and isinstance(exc, asyncio.CancelledError)
-        await asyncio.shield(asyncio.to_thread(functools.partial(
+        await asyncio.shield(self.gate._in_thread(functools.partial(
             self.gate._finish, call, None if stopped else exc, stopped=stopped, ack_if_ordered=cancelled_elsewhere)))
         if stopped and not isinstance(exc, ToolCallCancelled):
             raise ToolCallCancelled(call.call_id, call.reason) from None

@@ -1,0 +1,204 @@
+"""The forty-first hostile pass on the Python SDK.
+
+A heartbeat's answer may carry a refreshed credential, and the agent took
+whatever it carried as the bearer token of every later call: one answer of
+the wrong shape (a proxy's, a hostile peer's on the path to the control
+plane) left the agent with a "credential" that is no token. Not text (a
+number, an object), and every later heartbeat and every reconnect of the
+signals stream failed before it left the process (TypeError), for good,
+the path healthy again or not: the agent never heard its stop, its work
+going on after it. Text a header cannot carry (a space, a line break), and
+the SDK refused its own next call unauthenticated, took that for the
+control plane's refusal of a dead credential and aborted the agent
+itself, its heartbeats and stream stopped: a stop nobody ordered. The Go
+SDK decodes the answer as a typed message (a credential that is not text
+fails the message, the credential kept); the Python SDK now keeps its
+credential unless the answer's is a bearer token a header can carry, as
+the fortieth pass had it keep its node id (rogue40H test).
+
+An asyncio tool server's gate began and reported each call on the loop's
+default executor (``asyncio.to_thread``), the pool of a few threads
+(``min(32, cores + 4)``) where the tools themselves do their blocking work
+(``asyncio.to_thread``, ``run_in_executor(None, ...)``, LangChain's sync
+tools): a rogue caller whose input hangs that work (a URL of a server of
+its own that never answers) with as many calls as the pool has threads
+held every other agent's gated calls on the server, none begun, none whose
+tool had returned reported, for as long as it liked. Their callers waited,
+their calls stayed in flight in the ledger, and a drain of their agents
+waited for them to its deadline; an abort's cancel went unacknowledged, the
+honest tool server blamed. The Go gate reports on its own goroutines; the
+Python gate now runs its calls to the control plane on threads of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import threading
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import NO_RETRY
+from helpers import LoopbackPeer, QuietHandler, relay_end, terminate, wait_for
+from tether_agentsdk import Agent, Conn, ToolGate
+
+
+class RewritingProxy(LoopbackPeer):
+    """A relay on loopback in front of the real server (the path between an
+    agent and its control plane) that rewrites one answer: the first
+    heartbeat's, whose credential becomes ``credential``. Until then it
+    answers a signals stream 503 (a path not yet through), so that the
+    agent's stream is opened after the answer; everything else, and
+    everything after it, it relays as it came."""
+
+    def __init__(self, upstream: str, credential: object):
+        super().__init__()
+        self.upstream = urllib.parse.urlsplit(upstream)
+        self.rewritten = threading.Event()
+        self.lock = threading.Lock()
+        self.beats_after = 0  # heartbeats relayed after the rewritten one
+        self.streams_after = 0  # signals streams relayed after it
+        peer = self
+
+        class Handler(QuietHandler):
+            def do_POST(self):
+                body = self.read_body()
+                method = self.path.rsplit("/", 1)[-1]
+                if method == "WatchSignals" and not peer.rewritten.is_set():
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                up = http.client.HTTPConnection(peer.upstream.hostname, peer.upstream.port, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                up.request("POST", self.path, body=body, headers=headers)
+                if method == "Heartbeat":
+                    with peer.lock:
+                        rewrite = not peer.rewritten.is_set()
+                        if not rewrite:
+                            peer.beats_after += 1
+                    if rewrite:
+                        resp = up.getresponse()
+                        answer = json.loads(resp.read())
+                        up.close()
+                        assert resp.status == 200, answer
+                        answer["credential"] = {"credential": credential, "expiresAt": "2999-01-01T00:00:00Z"}
+                        self.answer_json(answer)
+                        peer.rewritten.set()
+                        return
+                if method == "WatchSignals":
+                    with peer.lock:
+                        peer.streams_after += 1
+                    threading.Thread(target=relay_end, args=(self.connection, up.sock), daemon=True).start()
+                self.relay_answer(up)
+
+        self.serve(Handler)
+
+
+@pytest.mark.parametrize("credential", [12345, {"credential": "a.b.c"}, "a credential\r\nX-Injected: 1"],
+                         ids=["a-number", "an-object", "text-a-header-cannot-carry"])
+def test_rogue41G_a_heartbeat_answer_of_the_wrong_shape_does_not_deafen_or_abort_the_agent(server, operator: Conn, credential):
+    root = Agent.register_root(operator, "rogue41g-root")
+    child = root.spawn("worker")
+    proxy = RewritingProxy(server.url, credential)
+    worker = Agent(Conn(proxy.url, child.credential, retry=NO_RETRY), child.node)
+    worker.heartbeat_every = 0.2
+    try:
+        worker.start()
+        wait_for("the heartbeat answer the proxy rewrote", proxy.rewritten.is_set)
+        terminate(operator, child.node_id, "drain")
+        try:
+            # A bound on the wait for the drain (the stream relays it at
+            # once, the next heartbeat's answer carries it), not a timing.
+            wait_for("the operator's drain, after the rewritten answer", worker.draining.is_set)
+            assert worker.signal is not None and not worker.signal.abort, \
+                f"the agent aborted itself ({worker.signal}), the control plane having refused nothing"
+        except AssertionError as e:
+            with proxy.lock:
+                beats, streams = proxy.beats_after, proxy.streams_after
+            raise AssertionError(f"{e}: after the rewritten answer {beats} heartbeat(s) and {streams} signals "
+                                 f"stream(s) reached the path") from None
+        assert worker.credential == child.credential, "the agent took the rewritten credential"
+        assert worker.run_error is None, worker.run_error
+    finally:
+        worker.close()
+        proxy.close()
+
+
+# The loop's default executor in the test: as many threads as the rogue has
+# calls hanging (the default is min(32, cores + 4)).
+POOL = 4
+
+
+def test_rogue41G_a_rogues_calls_hanging_the_loops_threads_do_not_hold_another_agents_gated_calls(server, tree):
+    op = tree.operator
+    rogue = Agent.register_root(op, "rogue41g-rogue")
+    rogue_token = op.call("CapabilityService", "IssueRoot", {"holderNodeId": rogue.node_id, "scopes": ["tool:*"], "ttl": "3600s"})["token"]
+    gate = ToolGate(server.tool_server("rogue41g-pool"), "rogue41g-pool").start()
+    assert gate.ready.wait(10), "the gate's cancel orders did not open"
+    hung = threading.Event()  # set when the test ends: the rogue's input hangs the work until then
+    seen: dict = {}
+
+    def open_calls(node_id: str) -> int:
+        return len(op.call("ToolService", "ListCalls", {"nodeId": node_id}).get("calls", []))
+
+    async def scenario() -> None:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=POOL))
+        inside = asyncio.Event()
+        may_return = asyncio.Event()
+
+        async def honest_tool() -> str:
+            inside.set()
+            await may_return.wait()
+            return "answered"
+
+        async def quick_tool() -> str:
+            return "answered"
+
+        entered = 0
+        all_entered = asyncio.Event()
+
+        async def rogue_tool() -> None:
+            nonlocal entered
+            entered += 1
+            if entered == POOL:
+                all_entered.set()
+            # Its blocking work, hung by the rogue's input: submitted to the
+            # pool in this step, before the loop runs anything else.
+            await asyncio.to_thread(hung.wait)
+
+        # The honest agent's call, begun before the rogue's.
+        honest = asyncio.create_task(gate.arun(tree.root_token, "echo", honest_tool))
+        await inside.wait()
+        rogues = [asyncio.create_task(gate.arun(rogue_token, "fetch", rogue_tool)) for _ in range(POOL)]
+        await all_entered.wait()  # every thread of the pool hung by the rogue's calls
+        try:
+            may_return.set()
+            # Guards against the hang, not timings: each call ends at once
+            # unless its report waits for a thread the rogue holds.
+            done, _ = await asyncio.wait({honest}, timeout=20)
+            seen["first answered"] = honest in done
+            # Read on the loop's own thread: the pool is the rogue's.
+            seen["open in the ledger"] = open_calls(tree.root.node_id)
+            second = asyncio.create_task(gate.arun(tree.root_token, "echo", quick_tool))
+            done, _ = await asyncio.wait({second}, timeout=20)
+            seen["second answered"] = second in done
+        finally:
+            hung.set()
+        await asyncio.gather(honest, *rogues, return_exceptions=True)
+        if not second.done():
+            await asyncio.wait({second}, timeout=20)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        hung.set()
+        gate.close()
+        rogue.close()
+    assert seen["first answered"] and seen["open in the ledger"] == 0 and seen["second answered"], (
+        f"while a rogue's {POOL} calls hung the loop's {POOL} threads: the honest call whose tool returned answered its "
+        f"caller: {seen['first answered']}, and was in flight in the ledger: {seen['open in the ledger']} call(s); "
+        f"a second honest call answered: {seen['second answered']}")
