@@ -1,12 +1,12 @@
 import { Code, ConnectError } from "@connectrpc/connect";
 
-import { Conn, type DialOptions } from "./conn.js";
+import { Conn, MaxReconnectHintMs, retryHintMs, stretched, waitBy, type DialOptions } from "./conn.js";
 import { StopSignalled } from "./errors.js";
 import type { Node, SessionRequest, SessionResponse, SessionSignal } from "./gen/tether/v1/agent_pb.js";
 import { SignalKind } from "./gen/tether/v1/agent_pb.js";
 import type { Grant as GrantMessage } from "./gen/tether/v1/capability_pb.js";
 import type { StopProposal } from "./gen/tether/v1/proposal_pb.js";
-import { abortWaitHooks, AsyncQueue, dateOf, durationFromMs, printedWithout, sleep, textOf } from "./internal.js";
+import { abortWaitHooks, AsyncQueue, dateOf, durationFromMs, printedWithout, textOf } from "./internal.js";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { timestampDate } from "@bufbuild/protobuf/wkt";
 import type { SessionRequestSchema } from "./gen/tether/v1/agent_pb.js";
@@ -334,7 +334,11 @@ export class Agent {
    * its refusal of a dead credential or a confirmed exit ends run as the
    * session's would.
    * The wait before a reconnect doubles from 100 ms up to 5 s while
-   * sessions fail to open, and starts again from 100 ms after one opened.
+   * sessions fail to open, and starts again from 100 ms after one opened;
+   * a refusal that gives a retry hint (resource_exhausted: the lineage's
+   * rate limit) is not tried again before its hint, stretched as a unary
+   * call's retry is, at most {@link MaxReconnectHintMs}, when that is
+   * longer. The connection's {@link RetryOptions} wait and jitter wait.
    */
   async run(options: RunOptions = {}): Promise<void> {
     this.#warn = options.warn;
@@ -391,8 +395,20 @@ export class Agent {
       // A session that opened was a success: the next break is a new
       // fault, not the next of a run of failures.
       if (session.opened) backoff = 100;
-      options.warn?.(`tether: session with the control plane broke (${err === undefined ? "ended by the server" : (err as Error).message}); reconnecting in ${backoff} ms`);
-      await sleep(backoff, options.signal);
+      // A refusal with a retry hint (the lineage's rate limit, spent) is
+      // not tried again before the hint, stretched by up to half at
+      // random as a unary call's retry is (the Go SDK's Run, rogue33b):
+      // reconnecting on the backoff alone, an agent whose lineage's budget
+      // a rogue of its lineage (its parent, holding its credential) keeps
+      // spent came back after 100 ms, 200 ms, 400 ms..., each session and
+      // the heartbeat in its place refused, until the budget refilled
+      // (rogue41F test).
+      let wait = backoff;
+      const hint = retryHintMs(err);
+      if (hint !== undefined) wait = Math.max(wait, Math.round(stretched(Math.min(hint, MaxReconnectHintMs), this.conn.retry.jitter)));
+      options.warn?.(`tether: session with the control plane broke (${err === undefined ? "ended by the server" : (err as Error).message}); reconnecting in ${wait} ms`);
+      // A wait that failed (options.signal aborted) ends run, as Go's Run.
+      if (!(await waitBy(this.conn.retry, wait, options.signal))) return;
       backoff = Math.min(backoff * 2, 5000);
     }
   }

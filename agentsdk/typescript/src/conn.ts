@@ -79,6 +79,13 @@ export interface RetryOptions {
   now?: () => number;
 }
 
+/**
+ * The longest retry hint {@link Agent.run} waits before reconnecting a
+ * session the control plane refused with one (the Go SDK's
+ * MaxReconnectHint).
+ */
+export const MaxReconnectHintMs = 60_000;
+
 /** A connection's retry unless its options say otherwise (the Go and Python SDKs' default). */
 export const DefaultRetry: Readonly<Required<Pick<RetryOptions, "attempts" | "maxWaitMs">>> = { attempts: 4, maxWaitMs: 10_000 };
 
@@ -121,6 +128,11 @@ export class Conn {
   readonly lease: Client<typeof LeaseService>;
   /** A unary call's deadline unless the call gives its own ({@link DialOptions.timeoutMs}; 0: none). */
   readonly timeoutMs: number;
+  /**
+   * How the connection retries ({@link DialOptions.retry}); its wait and
+   * jitter are also how {@link Agent.run} waits before it reconnects.
+   */
+  readonly retry: Readonly<RetryOptions>;
 
   #token: string;
   #sessions?: Http2SessionManager;
@@ -160,7 +172,8 @@ export class Conn {
       });
     }
     this.timeoutMs = options.timeoutMs ?? DefaultTimeoutMs;
-    this.transport = withRetry(transport, this.timeoutMs, options.retry ?? DefaultRetry);
+    this.retry = options.retry ?? DefaultRetry;
+    this.transport = withRetry(transport, this.timeoutMs, this.retry);
     this.auth = createClient(AuthService, this.transport);
     this.agent = createClient(AgentService, this.transport);
     this.capability = createClient(CapabilityService, this.transport);
@@ -232,7 +245,7 @@ function withRetry(transport: Transport, timeoutMs: number, retry: RetryOptions)
           const hint = retryHintMs(err);
           if (attempt >= attempts || hint === undefined || hint > maxWaitMs) throw err;
           if (deadline !== undefined && now() + hint > deadline) throw err;
-          let ms = Math.min(hint + (hint * jitter()) / 2, maxWaitMs);
+          let ms = Math.min(stretched(hint, jitter), maxWaitMs);
           if (deadline !== undefined) ms = Math.min(ms, deadline - now());
           try {
             await wait(ms, signal);
@@ -245,6 +258,28 @@ function withRetry(transport: Transport, timeoutMs: number, retry: RetryOptions)
     stream: (method, signal, callTimeoutMs, header, input, contextValues) =>
       transport.stream(method, signal, callTimeoutMs, header, input, contextValues),
   };
+}
+
+/**
+ * hint stretched by up to half again at random, so that callers refused
+ * together (a host's agents reconnecting at once) do not all come back at
+ * the same instant.
+ */
+export function stretched(hint: number, jitter: () => number = Math.random): number {
+  return hint + (hint * jitter()) / 2;
+}
+
+/**
+ * Waits ms by retry's wait (default a timer): how {@link Agent.run} waits
+ * before it reconnects. false when the wait failed (signal aborted).
+ */
+export async function waitBy(retry: Readonly<RetryOptions>, ms: number, signal?: AbortSignal): Promise<boolean> {
+  try {
+    await (retry.wait ?? sleep)(ms, signal);
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 /** Waits ms, rejecting when signal aborts. */

@@ -2,7 +2,7 @@
 // TypeScript plug into Tether. It speaks only the public API (Connect over
 // HTTP/2) and carries the Go SDK's concepts: Agent, ToolGate, Verifier,
 // LeaseWorker.
-export { Conn, DefaultRetry, DefaultTimeoutMs, MaxMessageBytes, retryHintMs, type DialOptions, type RetryOptions } from "./conn.js";
+export { Conn, DefaultRetry, DefaultTimeoutMs, MaxMessageBytes, MaxReconnectHintMs, retryHintMs, type DialOptions, type RetryOptions } from "./conn.js";
 export { Agent, CapabilityToken, type CapabilityTokenOptions, type Child, type Grant, type RunOptions, type Signal } from "./agent.js";
 export { ToolGate, CapabilityHeader, MaxEarlyOrders, gateCallId, tokenOf, type CallOptions, type TokenSource, type ToolGateOptions } from "./toolgate.js";
 export { Verifier, JwksPath, DefaultCacheSize, MaxCachedClaimBytes, MaxCachedTokensPerHolder, type Clock, type VerifierOptions } from "./verifier.js";
