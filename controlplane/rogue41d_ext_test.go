@@ -131,3 +131,82 @@ func TestRogue41DBudgetRefusedSeenReportOfADrainingNeverSessionedChildAfterItsPa
 		})
 	}
 }
+
+// TestRogue41DSeenReportLandingAfterItsGrantsRevocationIsLifeAfterTheParentsClaim:
+// a tool server's report that it served a never-sessioned child's token
+// (tether:seen) may land after the grant's revocation: an MCP gateway
+// serves a request while its feed still shows the grant live and owes the
+// report it could not send at once (past its reports in flight, the
+// control plane unreachable, the gateway killed and started again with
+// its owed reports on disk), and sends it again later. The rogue parent
+// claimed its exit, was served with its child's token, and had the report
+// land once its operator's stop had revoked the child's grant. The ledger
+// noted such a report on the child (after its session's end, life after
+// it; after its claim, a contradiction) but BeginCall did not weigh it
+// against the child's ancestors' claims (NoteAtWorkAfterClaims), as it
+// weighs the same report landing a moment earlier: the record read the
+// parent CONFIRMED by the control plane. Now a seen report of a dead
+// grant's known holder is weighed as a noted one is: the parent reads
+// unaccounted, naming the child. Guard: a call with the child's dead
+// token after the claim (refused at the gate: nothing served) leaves the
+// claim confirmed.
+func TestRogue41DSeenReportLandingAfterItsGrantsRevocationIsLifeAfterTheParentsClaim(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the tests that start a server per case; make test and CI run them.")
+	}
+	for _, tc := range []struct {
+		name string
+		tool string // "tether:seen" (a seen report) or "shell" (a call)
+		life bool   // the refusal weighs against the parent's claim
+	}{
+		{"a seen report of the child's dead grant after the claim", "tether:seen", true},
+		{"a call with the child's dead grant after the claim (guard)", "shell", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			clk := clock.NewManual(epoch)
+			srv := testserver.Start(t, testserver.WithClock(clk))
+			admin := srv.AdminClients()
+			parent := register(t, admin, "rogue")
+			self := parent.Node.NodeId
+			asParent := srv.Clients(parent.Credential)
+			child := spawn(t, asParent, self, "child")
+			cid := child.Node.NodeId
+			grant := issueRoot(t, admin, cid, time.Hour, "tool:*")
+			gate := srv.Clients(srv.ToolServerToken(t, "resource-1"))
+			sess, err := openSession(t, asParent, self)
+			if err != nil {
+				t.Fatal(err)
+			}
+			endSessionStored(t, admin, clk, sess, self)
+			clk.Advance(time.Minute)
+			if _, err := asParent.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: self, Reason: "done"})); err != nil {
+				t.Fatal(err)
+			}
+			term := terminate(t, admin, self, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Hour, time.Second, time.Minute)
+			// Revoked (the child's grant with it) before the report lands.
+			waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+			_, err = gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: grant.token, Tool: tc.tool, GateId: "resource-1"}))
+			if code := connect.CodeOf(err); code != connect.CodePermissionDenied && code != connect.CodeFailedPrecondition {
+				t.Fatalf("the child's revoked token through the gate (%s): %v, want it refused", tc.tool, err)
+			}
+			clk.Advance(2 * time.Minute)
+			waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+			pn := recordNode(t, record(t, admin, term.TerminationId), self)
+			if pn.ClaimedBy == "" {
+				t.Fatalf("record: the parent's claim not shown (%s, confirmed by %q)", pn.Outcome, pn.ConfirmedBy)
+			}
+			if !tc.life {
+				if pn.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED || pn.ConfirmedBy != "control-plane" {
+					t.Fatalf("record: the parent %s confirmed by %q (reason %q), want confirmed by the control plane: its child's dead token was refused, nothing served",
+						pn.Outcome, pn.ConfirmedBy, pn.UnaccountedReason)
+				}
+				return
+			}
+			if pn.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED || !strings.Contains(pn.UnaccountedReason, cid) || !strings.Contains(pn.UnaccountedReason, "after this node's claim") {
+				t.Fatalf("record: the parent %s (confirmed by %q, reason %q), want unaccounted: a tool server reported serving its never-sessioned child's token after its claim",
+					pn.Outcome, pn.ConfirmedBy, pn.UnaccountedReason)
+			}
+		})
+	}
+}

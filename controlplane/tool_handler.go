@@ -97,7 +97,17 @@ func (t *toolService) BeginCall(ctx context.Context, req *connect.Request[tether
 	// until one of them changes.
 	refusedAtWork := holderRefused && holder != nil && holder.State != tree.NodeStateTerminated &&
 		(holder.State == tree.NodeStateRunning || req.Msg.Tool == ledger.SeenTool)
-	if (err == nil || errors.Is(err, ledger.ErrSeenNoted) || refusedAtWork) && holder != nil {
+	// A seen report of a known holder whose grant is dead by the time it
+	// lands (sent again after its first try failed, or kept on disk
+	// across the gate's restart) is still a request the gate served while
+	// the grant was live: the ledger notes it on the holder (life after
+	// its session's end, a contradiction after its claim), and so is it
+	// weighed against the holder's ancestors' claims as the same report
+	// landing earlier is. Until the forty-first pass a rogue parent whose
+	// report of its never-sessioned child's token landed after its stop
+	// revoked the child's grant read confirmed by the control plane.
+	deadSeen := req.Msg.Tool == ledger.SeenTool && errors.Is(err, ledger.ErrTokenRejected)
+	if (err == nil || errors.Is(err, ledger.ErrSeenNoted) || refusedAtWork || deadSeen) && holder != nil {
 		if nerr := t.s.tree.NoteAtWorkAfterClaims(ctx, holder, tree.ActivityToolCall); nerr != nil {
 			return nil, toConnect(nerr)
 		}
