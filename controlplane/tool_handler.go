@@ -81,15 +81,33 @@ func (t *toolService) BeginCall(ctx context.Context, req *connect.Request[tether
 	// its ancestors' claims of exit as its own requests are (agentActAs).
 	// So is one refused for its lineage's spent budget of a running such
 	// node (its token at work, as a refusal for budget after a session's
-	// end is: chargeHolder), not of one a stop covers, whose call the
+	// end is: chargeHolder), not a call of one a stop covers, which the
 	// ledger would refuse anyway: until the fortieth pass a rogue parent
 	// that spent its lineage's budget, claimed its exit and called on
 	// with its never-sessioned child's token, every call refused unnoted,
-	// read confirmed by the control plane. A holder that may act is then
-	// remembered as its own requests remember it: a flood of refusals
-	// costs one read of its ancestors until one of them changes.
-	refusedAtWork := holderRefused && holder != nil && holder.State == tree.NodeStateRunning
-	if (err == nil || errors.Is(err, ledger.ErrSeenNoted) || refusedAtWork) && holder != nil {
+	// read confirmed by the control plane. A seen report refused so is
+	// weighed whatever the holder's state: the gate served the request
+	// already, and the ledger notes a draining or aborting holder's
+	// report as a running one's; until the forty-first pass a rogue
+	// parent under its operator's drain, its child's grant still live,
+	// claimed its exit and was served with that child's token, each
+	// report refused for the budget it had spent, and read confirmed. A
+	// holder that may act is then remembered as its own requests
+	// remember it: a flood of refusals costs one read of its ancestors
+	// until one of them changes.
+	refusedAtWork := holderRefused && holder != nil && holder.State != tree.NodeStateTerminated &&
+		(holder.State == tree.NodeStateRunning || req.Msg.Tool == ledger.SeenTool)
+	// A seen report of a known holder whose grant is dead by the time it
+	// lands (sent again after its first try failed, or kept on disk
+	// across the gate's restart) is still a request the gate served while
+	// the grant was live: the ledger notes it on the holder (life after
+	// its session's end, a contradiction after its claim), and so is it
+	// weighed against the holder's ancestors' claims as the same report
+	// landing earlier is. Until the forty-first pass a rogue parent whose
+	// report of its never-sessioned child's token landed after its stop
+	// revoked the child's grant read confirmed by the control plane.
+	deadSeen := req.Msg.Tool == ledger.SeenTool && errors.Is(err, ledger.ErrTokenRejected)
+	if (err == nil || errors.Is(err, ledger.ErrSeenNoted) || refusedAtWork || deadSeen) && holder != nil {
 		if nerr := t.s.tree.NoteAtWorkAfterClaims(ctx, holder, tree.ActivityToolCall); nerr != nil {
 			return nil, toConnect(nerr)
 		}
