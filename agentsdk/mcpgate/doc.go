@@ -120,7 +120,11 @@
 // such a write still under way then ends the connection, as a call's
 // does. At most MaxAnswersInFlight such answers are under way on one
 // connection to an upstream at once: a request of the upstream's past
-// them is left unanswered (logged). Close closes the upstreams' connections together (64 at once):
+// them is left unanswered (logged). An upstream that answers a call with
+// MCP's input_required (asking for input in the answer itself, to have the
+// call sent again with the answers) has the call fail, CodeUnavailable,
+// recorded failed: the gateway gives an upstream no input, and sends each
+// call once. Close closes the upstreams' connections together (64 at once):
 // a stdio upstream's input ends at once, and its process is given the MCP
 // SDK's 5 s to exit, 5 s more after SIGTERM, then SIGKILL, every
 // upstream's at the same time; the reports owed are sent meanwhile, and

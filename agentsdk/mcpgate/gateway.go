@@ -241,6 +241,12 @@ func New(cfg Config) (*Gateway, error) {
 	g.client = mcp.NewClient(&mcp.Implementation{Name: cfg.Name, Version: cfg.Version}, &mcp.ClientOptions{
 		Capabilities:                &mcp.ClientCapabilities{},
 		ProgressNotificationHandler: g.relayProgress,
+		// An upstream's input_required answer to a call (MCP's multi round
+		// trip) is the call's failure (inputRequired), not the SDK's to
+		// fulfil: it answered every request of one at once, a goroutine
+		// each and no bound but the event's 16 MiB, and sent the call again
+		// with all the answers, ten rounds for one call.
+		MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true},
 		ToolListChangedHandler: func(_ context.Context, req *mcp.ToolListChangedRequest) {
 			g.refreshSession(req.Session)
 		},
@@ -952,6 +958,9 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 				// The ledger keeps what the agent is told, not the SDK's
 				// words (failure).
 				herr = failure(r, a.err)
+			case a.result.NeedsInput():
+				a.result, a.refused = nil, inputRequired(r, a.result)
+				herr = a.refused
 			case a.result.IsError:
 				herr = errToolError
 			}
@@ -1034,6 +1043,8 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	switch {
 	case a.cancelled:
 		return nil, rpcError(CodeCancelled, "the control plane cancelled this call: the agent's subtree is being stopped")
+	case a.refused != nil:
+		return nil, a.refused
 	case a.err != nil:
 		var je *jsonrpc.Error
 		upstreams := errors.As(a.err, &je) && je.Code != codeRejectedByTransport
@@ -1079,6 +1090,21 @@ func failure(r *route, err error) *jsonrpc.Error {
 		return &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("upstream %s answered with error code %d, one of the gateway's own: %s", r.up.cfg.Name, je.Code, je.Message)}
 	}
 	return je // the upstream's own error, unchanged
+}
+
+// inputRequired is the gateway's refusal of an upstream's input_required
+// answer to a call (the 2026-07-28 revision of MCP: the server asks its
+// client for input in its answer, and the client is to send the call again
+// with the answers). The gateway gives an upstream no input — it refuses
+// sampling and elicitation, and its roots are none — and sends each call
+// once: the Go SDK's client fulfilled every request of such an answer at
+// once, a goroutine each with no bound but the answer's 16 MiB (the bound
+// on an upstream's own requests, MaxAnswersInFlight, did not reach them),
+// and sent the call again with all the answers, up to ten rounds for the
+// one call the ledger records. The call fails (recorded failed, as the
+// agent is told), and nothing of the upstream's requests is quoted.
+func inputRequired(r *route, res *mcp.CallToolResult) *jsonrpc.Error {
+	return rpcError(CodeUnavailable, "upstream %s answered the call by asking the gateway for input (MCP's input_required, %d requests), which the gateway does not give: the call was sent once and failed", r.up.cfg.Name, len(res.InputRequests))
 }
 
 // agentsMeta is the agent's _meta as the gateway forwards it: without the
@@ -1216,6 +1242,7 @@ type upstreamAnswer struct {
 	ran, cancelled bool
 	result         *mcp.CallToolResult
 	err            error
+	refused        *jsonrpc.Error // the gateway's refusal of the upstream's answer (inputRequired)
 }
 
 // errToolError marks a call whose result had isError set: recorded as
