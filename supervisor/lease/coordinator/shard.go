@@ -82,6 +82,10 @@ type entry struct {
 	// it. A slice is never changed in place once set (a snapshot shares it).
 	durableStale, pendingStale []StaleCount
 	staleMark                  uint64
+	// inJudged: the entry is filed in its shard's judged index, under
+	// its pending lease's holder (setPending), so that a judgement, the
+	// renewals' hot path, needs no search of the holder's jobs to know.
+	inJudged bool
 }
 
 // batch is the writes of the messages a shard judged since its last
@@ -278,7 +282,7 @@ func (s *shard) countHeld(l lease.Lease, n int) {
 // leases would.
 func (s *shard) setPending(e *entry, l lease.Lease) {
 	s.c.open.move(e, l)
-	before, indexed := e.pending.HolderIdentity, s.judged.has(e.pending.HolderIdentity, e)
+	before, indexed := e.pending.HolderIdentity, e.inJudged
 	e.pending = l
 	if indexed && before == l.HolderIdentity {
 		return
@@ -287,6 +291,7 @@ func (s *shard) setPending(e *entry, l lease.Lease) {
 		s.judged.remove(before, e)
 	}
 	s.judged.add(l.HolderIdentity, e)
+	e.inJudged = true
 }
 
 // now is the declared clock, read per decision, never going backwards on
@@ -959,6 +964,7 @@ func (s *shard) complete(b *batch) {
 			e.pendingStale = e.durableStale
 			if !e.durable.Exists() {
 				s.judged.remove(e.pending.HolderIdentity, e)
+				e.inJudged = false
 				delete(s.leases, e.job)
 				s.deadlines.Remove(e.job)
 				continue
