@@ -185,6 +185,10 @@ type Coordinator struct {
 	// listing (List, ListHeldBy: leases; a termination's heldBy: job
 	// ids), a page of them being all an answer needs.
 	listCopies atomic.Int64
+	// listWalks counts the jobs the shards visited to answer a page of
+	// a holder's listing (List and ListHeldBy of holders, a termination's
+	// heldBy), those before the page's start included.
+	listWalks atomic.Int64
 
 	// door guards handing ops to the shards against the end of a run:
 	// senders hold it shared, Run takes it exclusively to stop serving, so
@@ -1096,8 +1100,9 @@ func (c *Coordinator) nextUnknown() uint64 {
 // heldBy returns the ids of the jobs whose current (judged) lease is held
 // by one of holders, on every shard, those after job id after only, in
 // order: with a limit, at least the first limit + 1 of them (each shard
-// keeps its first limit + 1), so that a page of a holder's jobs costs a
-// page, not every job it ever held after the page's start.
+// visits, in its ordered index, each holder's first limit + 1 after the
+// start), so that a page of a holder's jobs costs a page, not every job it
+// ever held after the page's start.
 func (c *Coordinator) heldBy(ctx context.Context, holders []string, after string, limit int) ([]string, error) {
 	set := holderSet(holders)
 	type part struct {

@@ -184,6 +184,10 @@ func (c *Coordinator) CountReads() int64 { return c.countReads.Load() }
 // into their answers to listings.
 func (c *Coordinator) ListCopies() int64 { return c.listCopies.Load() }
 
+// ListWalks is how many jobs the shards have visited to answer pages of
+// holders' listings.
+func (c *Coordinator) ListWalks() int64 { return c.listWalks.Load() }
+
 // HoldersRemembered is how many holders the bounds remember an account
 // of.
 func (c *Coordinator) HoldersRemembered() int {

@@ -12,8 +12,10 @@ import (
 // and evidence keep them), and a page that copied and sorted every one of
 // them after its start, on the goroutine that judges every tree's jobs on
 // the shard, cost a rogue that listed its own leases a page of one at a
-// time as much as all of them (rogue40c test). The walk still visits the
-// holder's jobs; it copies and orders a page.
+// time as much as all of them (rogue40c test). Since the forty-first pass
+// the walk visits each holder's jobs in order from the page's start
+// (holderIndex) and stops at the n-th it keeps; firstJobs merges the
+// holders' of a page of several.
 type firstJobs[T any] struct {
 	n  int
 	id func(T) string

@@ -82,6 +82,10 @@ type entry struct {
 	// it. A slice is never changed in place once set (a snapshot shares it).
 	durableStale, pendingStale []StaleCount
 	staleMark                  uint64
+	// inJudged: the entry is filed in its shard's judged index, under
+	// its pending lease's holder (setPending), so that a judgement, the
+	// renewals' hot path, needs no search of the holder's jobs to know.
+	inJudged bool
 }
 
 // batch is the writes of the messages a shard judged since its last
@@ -278,7 +282,7 @@ func (s *shard) countHeld(l lease.Lease, n int) {
 // leases would.
 func (s *shard) setPending(e *entry, l lease.Lease) {
 	s.c.open.move(e, l)
-	before, indexed := e.pending.HolderIdentity, s.judged[e.pending.HolderIdentity][e.job] == e
+	before, indexed := e.pending.HolderIdentity, e.inJudged
 	e.pending = l
 	if indexed && before == l.HolderIdentity {
 		return
@@ -287,30 +291,7 @@ func (s *shard) setPending(e *entry, l lease.Lease) {
 		s.judged.remove(before, e)
 	}
 	s.judged.add(l.HolderIdentity, e)
-}
-
-// holderIndex is a shard's jobs by holder identity (held: of the durable
-// lease; judged: of the pending one).
-type holderIndex map[string]map[string]*entry
-
-// add files e under holder.
-func (x holderIndex) add(holder string, e *entry) {
-	jobs := x[holder]
-	if jobs == nil {
-		jobs = make(map[string]*entry)
-		x[holder] = jobs
-	}
-	jobs[e.job] = e
-}
-
-// remove takes e out from under holder, and the holder with its last job.
-func (x holderIndex) remove(holder string, e *entry) {
-	if jobs := x[holder]; jobs != nil {
-		delete(jobs, e.job)
-		if len(jobs) == 0 {
-			delete(x, holder)
-		}
-	}
+	e.inJudged = true
 }
 
 // now is the declared clock, read per decision, never going backwards on
@@ -508,34 +489,53 @@ func (s *shard) handle(o op) {
 		s.takeFinished()
 		s.expireBeforeRead()
 		// A page needs its first limit + 1 leases (the last says another
-		// page follows): only those are copied and ordered.
-		first := newFirstJobs(pageKeep(o.limit), func(l *lease.Lease) string { return l.JobID })
+		// page follows): only those are copied and ordered, and a holder's
+		// jobs, kept in order of id, are visited from the page's start
+		// until the page has its own.
+		keep := pageKeep(o.limit)
+		first := newFirstJobs(keep, func(l *lease.Lease) string { return l.JobID })
 		settling := false
-		take := func(jobs map[string]*entry, holder string) {
-			for job, e := range jobs {
-				if !e.durable.Exists() || job <= o.after || (holder != "" && e.durable.HolderIdentity != holder) {
-					continue
+		// offer keeps e's lease for the page if holder (any, when empty)
+		// holds it, and reports whether it did.
+		offer := func(e *entry, holder string) bool {
+			if !e.durable.Exists() || (holder != "" && e.durable.HolderIdentity != holder) {
+				return false
+			}
+			l := &e.durable
+			if lease.Due(*l, s.lastNow) {
+				// As for opGet: what the clock decided, once durable.
+				l, settling = &e.pending, true
+				if holder != "" && l.HolderIdentity != holder {
+					return false
 				}
-				l := &e.durable
-				if lease.Due(*l, s.lastNow) {
-					// As for opGet: what the clock decided, once durable.
-					l, settling = &e.pending, true
-					if holder != "" && l.HolderIdentity != holder {
-						continue
+			}
+			first.offer(l)
+			return true
+		}
+		take := func(holder string) {
+			kept := 0
+			for e := range s.held.after(holder, o.after) {
+				s.c.listWalks.Add(1)
+				if offer(e, holder) {
+					if kept++; kept == keep {
+						return
 					}
 				}
-				first.offer(l)
 			}
 		}
 		switch {
 		case o.holders != nil:
 			for holder := range o.holders {
-				take(s.held[holder], holder)
+				take(holder)
 			}
 		case o.holder != "":
-			take(s.held[o.holder], o.holder)
+			take(o.holder)
 		default:
-			take(s.leases, "")
+			for job, e := range s.leases {
+				if job > o.after {
+					offer(e, "")
+				}
+			}
 		}
 		kept := first.sorted()
 		out := make([]lease.Lease, len(kept))
@@ -564,11 +564,18 @@ func (s *shard) handle(o op) {
 		}
 		o.counts(counts, nil)
 	case opHeldBy:
-		first := newFirstJobs(pageKeep(o.limit), func(job string) string { return job })
+		keep := pageKeep(o.limit)
+		first := newFirstJobs(keep, func(job string) string { return job })
 		for holder := range o.holders {
-			for job, e := range s.judged[holder] {
-				if e.pending.HolderIdentity == holder && job > o.after {
-					first.offer(job)
+			kept := 0
+			for e := range s.judged.after(holder, o.after) {
+				s.c.listWalks.Add(1)
+				if e.pending.HolderIdentity != holder {
+					continue
+				}
+				first.offer(e.job)
+				if kept++; kept == keep {
+					break
 				}
 			}
 		}
@@ -957,6 +964,7 @@ func (s *shard) complete(b *batch) {
 			e.pendingStale = e.durableStale
 			if !e.durable.Exists() {
 				s.judged.remove(e.pending.HolderIdentity, e)
+				e.inJudged = false
 				delete(s.leases, e.job)
 				s.deadlines.Remove(e.job)
 				continue
