@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
+	"math/big"
+	"math/rand/v2"
 	"strconv"
 	"testing"
 	"time"
@@ -178,5 +181,35 @@ func TestRogue41EARoguesHugeOverflowDoesNotHideAnotherRecordsSpend(t *testing.T)
 		if got := g.spend(t, n); got < 301 {
 			t.Errorf("the worker's 300 under its record's other, the hand's 1 tracked beside 1e300 in its other: %s reads subtree_reported.cost_usd = %v, below 301", n.Name, got)
 		}
+	}
+}
+
+// TestRogue41EARecordsSumsNeverRoundBelowTheReports: addUp and addDown
+// round toward +Inf and -Inf exactly (against math/big), over changes of
+// magnitudes a rogue picks (1e-300 to 1e300, either sign), so a record
+// folding them stays at or above its exact total and a lookup's taking
+// away of the others stays at or above what is left.
+func TestRogue41EARecordsSumsNeverRoundBelowTheReports(t *testing.T) {
+	rng := rand.New(rand.NewPCG(41, 5))
+	pick := func() float64 {
+		x := math.Ldexp(rng.Float64()+0.5, rng.IntN(1990)-995)
+		if rng.IntN(2) == 0 {
+			x = -x
+		}
+		return x
+	}
+	exact := func(x float64) *big.Float { return new(big.Float).SetPrec(4096).SetFloat64(x) }
+	up, down, want := 0.0, 0.0, exact(0)
+	for i := range 20000 {
+		d := pick()
+		up, down = addUp(up, d), addDown(down, d)
+		want.Add(want, exact(d))
+		if exact(up).Cmp(want) < 0 || exact(down).Cmp(want) > 0 {
+			t.Fatalf("change %d (%v): rounded up %v, down %v, exact %s", i, d, up, down, want.Text('g', 30))
+		}
+	}
+	// Exact sums are left as they are.
+	if addUp(30, 7) != 37 || addDown(37, -7) != 30 || addUp(0.5, 0.25) != 0.75 {
+		t.Fatal("an exact sum moved")
 	}
 }
