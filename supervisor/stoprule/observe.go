@@ -2,6 +2,7 @@ package stoprule
 
 import (
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -203,27 +204,64 @@ type subReported struct {
 	Overflow bool               `pb:"3"`
 }
 
-// add folds the changes d of one node's counters into the record.
+// add folds the changes d of one node's counters into the record, each
+// sum rounded up (addUp): never below what its nodes reported. Rounded to
+// nearest, a total lost what a far larger change beside it absorbed, and
+// kept the loss once that change was taken back: a rogue whose hand shared
+// its honest worker's record reported 1e300 and then 0, and the worker's
+// 500 read 0 at every ancestor, for good (forty-first pass).
 func (s *subReported) add(d map[string]float64) {
 	for _, k := range sortedKeys(d) {
 		if _, ok := s.Counters[k]; !ok && len(s.Counters) >= MaxCounters {
-			s.Other += d[k]
+			s.Other = addUp(s.Other, d[k])
 			s.Overflow = true
 			continue
 		}
 		if s.Counters == nil {
 			s.Counters = map[string]float64{}
 		}
-		s.Counters[k] += d[k]
+		s.Counters[k] = addUp(s.Counters[k], d[k])
 	}
 }
 
+// addUp is a+b rounded toward +Inf, addDown toward -Inf: the sum rounded
+// to nearest, moved a step when its rounding error (TwoSum's, exact for
+// finite operands) went the other way. A sum that is exact (whole numbers
+// below 2^53) is the same either way.
+func addUp(a, b float64) float64 {
+	s, e := twoSum(a, b)
+	if e > 0 {
+		return math.Nextafter(s, math.Inf(1))
+	}
+	return s
+}
+
+func addDown(a, b float64) float64 {
+	s, e := twoSum(a, b)
+	if e < 0 {
+		return math.Nextafter(s, math.Inf(-1))
+	}
+	return s
+}
+
+// twoSum is a+b rounded to nearest and its rounding error, a+b-s exactly
+// (0 when the sum is not finite).
+func twoSum(a, b float64) (s, e float64) {
+	s = a + b
+	if math.IsInf(s, 0) || math.IsNaN(s) {
+		return s, 0
+	}
+	bb := s - a
+	return s, (a - (s - bb)) + (b - bb)
+}
+
 // reportChange is what a report changes of a node's counters as its
-// ancestors' totals count them (negative values as 0).
+// ancestors' totals count them (negative values as 0), rounded up as the
+// records add it (subReported.add).
 func reportChange(before, after map[string]float64) map[string]float64 {
 	var d map[string]float64
 	for k, v := range after {
-		if x := max(v, 0) - max(before[k], 0); x != 0 {
+		if x := addUp(max(v, 0), -max(before[k], 0)); x != 0 {
 			if d == nil {
 				d = map[string]float64{}
 			}
@@ -251,20 +289,25 @@ type reportedSums struct {
 func sumReported(own map[string]float64, records []*subReported) *reportedSums {
 	s := &reportedSums{sums: map[string]float64{}}
 	tracking := map[string]float64{} // the Others of the records tracking a name
+	// Rounded up, and the Others taken away rounded down, so a name reads
+	// never less than its records hold: rounded to nearest, a rogue's
+	// record tracking the name with 1e300 in its Other cancelled every
+	// other record's Other, its honest worker's spend among them
+	// (forty-first pass).
 	for _, r := range records {
-		s.other += r.Other
+		s.other = addUp(s.other, r.Other)
 		s.overflow = s.overflow || r.Overflow
 		for k, v := range r.Counters {
-			s.sums[k] += v
-			tracking[k] += r.Other
+			s.sums[k] = addUp(s.sums[k], v)
+			tracking[k] = addDown(tracking[k], r.Other)
 		}
 	}
 	for k, v := range own {
-		s.sums[k] += max(v, 0)
+		s.sums[k] = addUp(s.sums[k], max(v, 0))
 	}
 	if s.overflow {
 		for k := range s.sums {
-			s.sums[k] += s.other - tracking[k]
+			s.sums[k] = addUp(s.sums[k], max(addUp(s.other, -tracking[k]), 0))
 		}
 	}
 	return s
