@@ -13,6 +13,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tetherhq/tether/capability"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -480,13 +481,29 @@ func (a *Agent) heartbeat(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if c := resp.Msg.GetCredential().GetCredential(); c != "" {
-		a.conn.SetToken(c)
-	}
+	a.refreshed(resp.Msg.GetCredential().GetCredential())
 	if sig := resp.Msg.GetSignal(); sig != nil {
 		a.handle(sig)
 	}
 	return nil
+}
+
+// refreshed takes the refreshed credential an answer carries (a session's
+// message, a heartbeat's answer) when it could be one: a compact JWS
+// within capability.MaxTokenBytes (capability.CompactJWS; the control
+// plane's credentials are EdDSA JWTs). Any other (a proxy's, a hostile peer's) is
+// not taken, the agent's own kept: one a header cannot carry (a line
+// break, more than the control plane's 64 KiB of headers) failed every
+// later session and heartbeat in the agent's own transport or at the
+// server's headers, for good once the path was honest again, and the
+// agent never heard its stop; one the control plane refuses at sight (a
+// space) had the agent abort itself, a stop nobody ordered (rogue41I
+// test).
+func (a *Agent) refreshed(c string) {
+	if !capability.CompactJWS(c) {
+		return
+	}
+	a.conn.SetToken(c)
 }
 
 // waitAbortCallbacks waits until no OnAbort callback runs: those this
@@ -612,7 +629,7 @@ func (a *Agent) session(ctx context.Context) (err error) {
 		case *tetherv1.SessionResponse_Signal:
 			a.handle(k.Signal)
 		case *tetherv1.SessionResponse_Credential:
-			a.conn.SetToken(k.Credential.Credential)
+			a.refreshed(k.Credential.GetCredential())
 		}
 	}
 }

@@ -182,7 +182,10 @@ func (c *Conn) Token() string {
 	return c.token
 }
 
-// SetToken replaces the bearer token.
+// SetToken replaces the bearer token with t, as it is. An Agent takes the
+// refreshed credential an answer carries only when it has a credential's
+// shape (capability.CompactJWS): one a header cannot carry fails every
+// later call in the process, and the agent heard no stop (rogue41I test).
 func (c *Conn) SetToken(t string) {
 	c.mu.Lock()
 	c.token = t

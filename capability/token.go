@@ -509,3 +509,12 @@ func CompactJWSAlphabet(s string) bool {
 	}
 	return true
 }
+
+// CompactJWS reports whether s has a compact JWS's shape within
+// MaxTokenBytes (the control plane's own parsers' bound, its credentials'
+// as its capability tokens'): three segments of base64url characters, no
+// signature checked. A token of any other shape is one no verifier of
+// Tether's takes; one of this shape may still fail verification.
+func CompactJWS(s string) bool {
+	return s != "" && len(s) <= MaxTokenBytes && strings.Count(s, ".") == 2 && CompactJWSAlphabet(s)
+}
