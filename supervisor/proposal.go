@@ -434,6 +434,7 @@ func (s *Supervisor) Decide(ctx context.Context, proposalID string, approve bool
 	if termID == "" {
 		return p, nil, nil
 	}
+	s.kicks.noteGroup(term)
 	s.Kick(termID)
 	return p, &term, nil
 }
@@ -481,6 +482,13 @@ func (s *Supervisor) decideIn(tx store.Txn, p *StopProposal, approve bool, reaso
 		return Termination{}, err
 	}
 	term.ProposalID = p.ProposalID
+	// Its tree, as TerminateIn keeps it: the loop's turn (an operator's
+	// decision the tree's operators' turn, beside its agents'), and the
+	// record outbox's. Without it the loop placed the stop by its root's
+	// ancestors, in the tree's agents' turn: an operator's approval, or
+	// its rule's policy action, waited there behind each of a rogue's
+	// terminations that moved at once (rogue41c).
+	term.Tree = treeOf(n)
 	term.AgentWindows = p.Rule == nil
 	if term.AgentWindows {
 		term.ProposerLineage = append(append([]string(nil), n.Ancestors...), n.NodeID)
