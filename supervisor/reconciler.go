@@ -58,6 +58,16 @@ func (s *Supervisor) loop() *reconcile.Loop {
 // Kick asks the reconciler to look at a termination now.
 func (s *Supervisor) Kick(terminationID string) { s.loop().Kick(terminationID) }
 
+// KickRequested kicks a termination just requested (Terminate, TerminateIn,
+// Decide, FileRuleProposal), once its transaction has committed, in its
+// tree's turn: its stored value reaches the loop's watch later, and a kick
+// before it would have it take the turn of the terminations not placed
+// yet, which a rogue's finished ones share (their last passes).
+func (s *Supervisor) KickRequested(t Termination) {
+	s.kicks.noteGroup(t)
+	s.Kick(t.ID)
+}
+
 // Run is the level-triggered reconciler (internal/reconcile): it resumes
 // every unfinished termination from stored state, re-runs a termination
 // whenever a change of the ledger, the tree or the termination may move it

@@ -104,16 +104,17 @@ func rogue41cDecidedStop(t *testing.T, byPolicy bool) {
 		policy.RuleActions = []RuleAction{{Severity: "critical", Mode: ModeAbort}}
 	}
 	var p *StopProposal
-	var stopID string
+	var filed Termination
 	if err := s.Store.Update(ctx, func(tx store.Txn) error {
 		var err error
-		p, stopID, err = s.FileRuleProposal(tx, w.NodeID, firing, ModeAbort, policy)
+		p, filed, err = s.FileRuleProposal(tx, w.NodeID, firing, ModeAbort, policy)
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
+	stopID := filed.ID
 	if byPolicy {
-		s.Kick(stopID) // as the stop rules' evaluator does
+		s.KickRequested(filed) // as the stop rules' evaluator does
 	} else {
 		_, term, err := s.Decide(ctx, p.ProposalID, true, "stop it", "operator:admin")
 		if err != nil {
