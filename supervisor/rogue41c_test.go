@@ -29,12 +29,23 @@ import (
 // while the operator's deadline passes, then the passes are counted until
 // the operator's termination has its next (one of the rogue's, and one of
 // a termination no longer placed, may come first).
+//
+// The stops an operator's policy approved (its rules' actions) take a turn
+// of their own, apart from the operator's own: a rogue that makes the
+// operator's rule true on each of its 50 children has as many of them
+// queued, and an operator's own stop of its other child does not wait for
+// each of them either.
 func TestRogue41CAnOperatorsDecidedStopDoesNotWaitBehindTheRoguesTerminations(t *testing.T) {
-	t.Run("an operator's approval", func(t *testing.T) { rogue41cDecidedStop(t, false) })
-	t.Run("an operator's rule's policy", func(t *testing.T) { rogue41cDecidedStop(t, true) })
+	t.Run("an operator's approval", func(t *testing.T) { rogue41cDecidedStop(t, "approval", false) })
+	t.Run("an operator's rule's policy", func(t *testing.T) { rogue41cDecidedStop(t, "policy", false) })
+	t.Run("an operator's own stop behind its rule's", func(t *testing.T) { rogue41cDecidedStop(t, "operator", true) })
 }
 
-func rogue41cDecidedStop(t *testing.T, byPolicy bool) {
+// rogue41cDecidedStop: how is the operator's stop of the worker
+// ("approval", "policy" or "operator"); byRule: the rogue's children are
+// stopped by the operator's rule's policy, which the rogue made true, not
+// by the rogue.
+func rogue41cDecidedStop(t *testing.T, how string, byRule bool) {
 	const k = 50
 	s, _ := chunkTestSupervisor(t, badgerstore.BadgerOptions{}, 100)
 	clk := s.Clock.(*clock.Manual)
@@ -79,6 +90,10 @@ func rogue41cDecidedStop(t *testing.T, byPolicy bool) {
 			t.Fatal(err)
 		}
 		// Its confirm deadline is set to pass before the operator's.
+		if byRule {
+			ids = append(ids, rogue41cRuleStop(t, s, c.NodeID, fmt.Sprintf("rule-%02d", i)))
+			continue
+		}
 		term, err := s.Terminate(ctx, TerminateRequest{NodeID: c.NodeID, Mode: ModeAbort, ConfirmTimeout: DefaultConfirmTimeout / 3,
 			Reason: "rogue41c", RequestedBy: rogue, RequesterNodeID: r.NodeID})
 		if err != nil {
@@ -98,29 +113,41 @@ func rogue41cDecidedStop(t *testing.T, byPolicy bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	firing := &StopRuleFiring{RuleID: "rule-1", Name: "too-many-calls", SetBy: "operator:admin", Severity: "critical", NodeID: w.NodeID}
+	firing := &StopRuleFiring{RuleID: "rule-w", Name: "too-many-calls", SetBy: "operator:admin", Severity: "critical", NodeID: w.NodeID}
 	var policy ProposalPolicy
-	if byPolicy {
+	if how == "policy" {
 		policy.RuleActions = []RuleAction{{Severity: "critical", Mode: ModeAbort}}
 	}
-	var p *StopProposal
-	var filed Termination
-	if err := s.Store.Update(ctx, func(tx store.Txn) error {
-		var err error
-		p, filed, err = s.FileRuleProposal(tx, w.NodeID, firing, ModeAbort, policy)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	stopID := filed.ID
-	if byPolicy {
-		s.KickRequested(filed) // as the stop rules' evaluator does
-	} else {
-		_, term, err := s.Decide(ctx, p.ProposalID, true, "stop it", "operator:admin")
+	var stopID string
+	switch how {
+	case "operator":
+		// Its confirm deadline passes after the rule's stops'.
+		term, err := s.Terminate(ctx, TerminateRequest{NodeID: w.NodeID, Mode: ModeAbort, ConfirmTimeout: DefaultConfirmTimeout * 4 / 3,
+			Reason: "stop it", RequestedBy: "operator:admin"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		stopID = term.ID
+	default:
+		var p *StopProposal
+		var filed Termination
+		if err := s.Store.Update(ctx, func(tx store.Txn) error {
+			var err error
+			p, filed, err = s.FileRuleProposal(tx, w.NodeID, firing, ModeAbort, policy)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		stopID = filed.ID
+		if how == "policy" {
+			s.KickRequested(filed) // as the stop rules' evaluator does
+		} else {
+			_, term, err := s.Decide(ctx, p.ProposalID, true, "stop it", "operator:admin")
+			if err != nil {
+				t.Fatal(err)
+			}
+			stopID = term.ID
+		}
 	}
 	if stopID == "" {
 		t.Fatal("the operator's stop was not started")
@@ -134,9 +161,13 @@ func rogue41cDecidedStop(t *testing.T, byPolicy bool) {
 	mu.Lock()
 	holding = true
 	mu.Unlock()
-	clk.Advance(DefaultConfirmTimeout / 3)
+	first := DefaultConfirmTimeout / 3
+	if byRule {
+		first = DefaultConfirmTimeout
+	}
+	clk.Advance(first)
 	<-held
-	clk.Advance(DefaultConfirmTimeout)
+	clk.Advance(DefaultConfirmTimeout * 4 / 3)
 	mu.Lock()
 	from := len(order)
 	mu.Unlock()
@@ -157,7 +188,7 @@ func rogue41cDecidedStop(t *testing.T, byPolicy bool) {
 	}
 	t.Logf("%d passes ran before the operator's termination's, after its deadline", before)
 	if before > 2 {
-		t.Fatalf("%d passes of the rogue's terminations ran before the operator's decided stop's, its deadline passed; want at most 2 (an operator's stops take a turn of their own in its tree)", before)
+		t.Fatalf("%d passes of the 50 stops of the rogue's children ran before the operator's stop's, its deadline passed; want at most 2 (an operator's stops take a turn of their own in its tree)", before)
 	}
 	for _, id := range ids {
 		rogue41cWaitPhase(t, s, id, PhaseTerminated)
@@ -169,6 +200,28 @@ func rogue41cDecidedStop(t *testing.T, byPolicy bool) {
 	if n.State != tree.NodeStateTerminated || n.TerminationID != stopID {
 		t.Fatalf("the worker is %s under %s, want terminated under the operator's stop %s", tree.StateName(n.State), n.TerminationID, stopID)
 	}
+}
+
+// rogue41cRuleStop is the stop the operator's rule's policy action starts
+// on node, as the stop rules' evaluator files it (the rogue made the rule
+// true there).
+func rogue41cRuleStop(t *testing.T, s *Supervisor, node, rule string) string {
+	t.Helper()
+	firing := &StopRuleFiring{RuleID: rule, Name: "cost", SetBy: "operator:admin", Severity: "critical", NodeID: node}
+	policy := ProposalPolicy{RuleActions: []RuleAction{{Severity: "critical", Mode: ModeAbort}}}
+	var term Termination
+	if err := s.Store.Update(context.Background(), func(tx store.Txn) error {
+		var err error
+		_, term, err = s.FileRuleProposal(tx, node, firing, ModeAbort, policy)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if term.ID == "" {
+		t.Fatal("the rule's policy started no stop")
+	}
+	s.KickRequested(term)
+	return term.ID
 }
 
 // rogue41cWaitPhase waits for the loop to move a termination to phase (or
