@@ -2494,7 +2494,7 @@ func finishRecord(tx store.Txn, stored Termination, p Progress, now time.Time) (
 	}
 	// The entry names the record's turn in the outbox (its termination's
 	// group, as in the reconciler's loop).
-	if err := tx.Put(outboxKey(rec.RecordID), []byte(treeGroup(stored.Tree, len(stored.RequesterLineage) == 0))); err != nil {
+	if err := tx.Put(outboxKey(rec.RecordID), []byte(treeGroup(stored.Tree, stored.RequesterLineage, stored.RequestedBy))); err != nil {
 		return nil, 0, err
 	}
 	next.RecordID = rec.RecordID

@@ -61,8 +61,8 @@
 //     (Outbox.Run, with a Render when there is a Sink) for as long as the
 //     process leads; Terminate, Propose and Decide only persist a
 //     request, and Run does the rest.
-//   - Kick a termination written with TerminateIn or FileRuleProposal once
-//     the caller's transaction has committed.
+//   - KickRequested a termination written with TerminateIn or
+//     FileRuleProposal once the caller's transaction has committed.
 //   - Give the Supervisor the layers it revokes through (GrantRevoker,
 //     LeaseCanceller, the privilege registry) and, for rollout batches, a
 //     LeaseHandover (batch.go); nil leaves that part out of the record.
@@ -88,5 +88,6 @@
 // ledger's and the tree's Observers, told of each call and spawn inside
 // the writing transaction, and FileRuleProposal, which files a rule's
 // proposal and applies ProposalPolicy.RuleActions inside the caller's
-// transaction (the caller Kicks the termination it may have started).
+// transaction (the caller KickRequested the termination it may have
+// started).
 package supervisor

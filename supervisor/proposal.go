@@ -197,18 +197,19 @@ func ParseRuleAction(s string) (RuleAction, error) {
 // FileRuleProposal files, inside the caller's transaction, the stop
 // proposal of a stop rule that became true for nodeID, and applies the
 // policy in the same transaction: an action that matches the rule
-// approves it and writes the termination (the caller Kicks termID once the
-// transaction has committed). mode is the mode the rule's action hint
-// suggests, for an operator who approves later.
-func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *StopRuleFiring, mode Mode, policy ProposalPolicy) (p *StopProposal, termID string, err error) {
+// approves it and writes the termination (term; its ID empty when none:
+// the caller KickRequested it once the transaction has committed). mode is
+// the mode the rule's action hint suggests, for an operator who approves
+// later.
+func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *StopRuleFiring, mode Mode, policy ProposalPolicy) (p *StopProposal, term Termination, err error) {
 	n, err := tree.GetNodeIn(tx, nodeID)
 	if err != nil {
-		return nil, "", err
+		return nil, Termination{}, err
 	}
 	// An exited node's rule still files (stoprule's judged): the node's
 	// exit is weighed by the record of the termination that stops it.
 	if n.State == tree.NodeStateTerminated {
-		return nil, "", fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, nodeID, tree.StateName(n.State))
+		return nil, Termination{}, fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, nodeID, tree.StateName(n.State))
 	}
 	if mode == 0 {
 		mode = ModeDrain
@@ -252,7 +253,7 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *StopR
 		// operator.
 		outranks, err := policyOutranks(tx, p, n, decidedBy)
 		if err != nil {
-			return nil, "", err
+			return nil, Termination{}, err
 		}
 		if !outranks {
 			decidedBy = ""
@@ -263,27 +264,27 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *StopR
 			root := treeOf(n)
 			inTree, err := pendingInTreeClosing(tx, root, now)
 			if err != nil {
-				return nil, "", err
+				return nil, Termination{}, err
 			}
 			if inTree >= MaxPendingProposalsPerTree {
-				return nil, "", fmt.Errorf("%w: the tree of node_id %s (root %s) already has %d stop proposals of its agents waiting for a decision", ErrTreeProposalsFull, nodeID, root, inTree)
+				return nil, Termination{}, fmt.Errorf("%w: the tree of node_id %s (root %s) already has %d stop proposals of its agents waiting for a decision", ErrTreeProposalsFull, nodeID, root, inTree)
 			}
 			if err := tx.Put(pendingTreeKey(root, p.ProposalID), nil); err != nil {
-				return nil, "", err
+				return nil, Termination{}, err
 			}
 		}
 		// The node's pending list (`tether proposal ls --node N --pending`)
 		// reads this index only: the rule's proposal is in it.
 		if err := tx.Put(pendingPropKey(nodeID, p.ProposalID), []byte(pendingRuleMark)); err != nil {
-			return nil, "", err
+			return nil, Termination{}, err
 		}
-		return p, "", putProposal(tx, p)
+		return p, Termination{}, putProposal(tx, p)
 	}
-	term, err := s.decideIn(tx, p, true, "auto-approved by the stop rule policy", decidedBy, now)
+	term, err = s.decideIn(tx, p, true, "auto-approved by the stop rule policy", decidedBy, now)
 	if err != nil {
-		return nil, "", err
+		return nil, Termination{}, err
 	}
-	return p, term.ID, nil
+	return p, term, nil
 }
 
 // Conditions an agent may attach to a stop proposal:
@@ -434,7 +435,7 @@ func (s *Supervisor) Decide(ctx context.Context, proposalID string, approve bool
 	if termID == "" {
 		return p, nil, nil
 	}
-	s.Kick(termID)
+	s.KickRequested(term)
 	return p, &term, nil
 }
 
@@ -481,6 +482,13 @@ func (s *Supervisor) decideIn(tx store.Txn, p *StopProposal, approve bool, reaso
 		return Termination{}, err
 	}
 	term.ProposalID = p.ProposalID
+	// Its tree, as TerminateIn keeps it: the loop's turn (an operator's
+	// decision the tree's operators' turn, beside its agents'), and the
+	// record outbox's. Without it the loop placed the stop by its root's
+	// ancestors, in the tree's agents' turn: an operator's approval, or
+	// its rule's policy action, waited there behind each of a rogue's
+	// terminations that moved at once (rogue41c).
+	term.Tree = treeOf(n)
 	term.AgentWindows = p.Rule == nil
 	if term.AgentWindows {
 		term.ProposerLineage = append(append([]string(nil), n.Ancestors...), n.NodeID)

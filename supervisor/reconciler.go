@@ -58,6 +58,16 @@ func (s *Supervisor) loop() *reconcile.Loop {
 // Kick asks the reconciler to look at a termination now.
 func (s *Supervisor) Kick(terminationID string) { s.loop().Kick(terminationID) }
 
+// KickRequested kicks a termination just requested (Terminate, TerminateIn,
+// Decide, FileRuleProposal), once its transaction has committed, in its
+// tree's turn: its stored value reaches the loop's watch later, and a kick
+// before it would have it take the turn of the terminations not placed
+// yet, which a rogue's finished ones share (their last passes).
+func (s *Supervisor) KickRequested(t Termination) {
+	s.kicks.noteGroup(t)
+	s.Kick(t.ID)
+}
+
 // Run is the level-triggered reconciler (internal/reconcile): it resumes
 // every unfinished termination from stored state, re-runs a termination
 // whenever a change of the ledger, the tree or the termination may move it
@@ -191,7 +201,7 @@ func (k *terminationKicks) removeLocked(id string) {
 // noteGroup notes a termination's group before its first kick (its stored
 // value reaches changed later).
 func (k *terminationKicks) noteGroup(t Termination) {
-	if g := treeGroup(t.Tree, len(t.RequesterLineage) == 0); g != "" {
+	if g := treeGroup(t.Tree, t.RequesterLineage, t.RequestedBy); g != "" {
 		k.trees.Store(t.ID, g)
 	}
 }
@@ -708,17 +718,31 @@ type terminationPlace struct {
 	// RequesterLineage: empty for an operator's (or an operator's
 	// rule's, a rollout's) termination.
 	RequesterLineage []string `json:"requester_lineage,omitempty"`
+	// RequestedBy: PolicyDecider's for a stop the policy approved.
+	RequestedBy string `json:"requested_by,omitempty"`
 }
 
 // group is the termination's turn in the reconcile loop: its tree's, and
 // for a stop no agent requested its tree's operators' turn, so that an
 // operator's stop of a rogue's tree does not wait behind the rogue's own
 // terminations there ("" when the tree is not stored).
-func (t terminationPlace) group() string { return treeGroup(t.Tree, len(t.RequesterLineage) == 0) }
+func (t terminationPlace) group() string {
+	return treeGroup(t.Tree, t.RequesterLineage, t.RequestedBy)
+}
 
-func treeGroup(tree string, byOperator bool) string {
-	if tree == "" || !byOperator {
+// treeGroup is the turn of a termination of tree requested by requestedBy
+// for the agent of requesterLineage: its tree's agents' turn for an
+// agent's (or an agent's approved proposal, or an agent's rule's); a turn
+// of their own for the stops an operator's policy approved (its stop
+// rules' actions: a rogue that makes a rule true on each of its nodes
+// queues as many stops there); and its operators' turn for the rest (an
+// operator's stop, its decision on a proposal, a rollout's batch).
+func treeGroup(tree string, requesterLineage []string, requestedBy string) string {
+	switch {
+	case tree == "" || len(requesterLineage) > 0:
 		return tree
+	case strings.HasPrefix(requestedBy, PolicyDecider):
+		return tree + " (operators' policy)"
 	}
 	return tree + " (operators)"
 }

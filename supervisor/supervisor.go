@@ -199,15 +199,15 @@ func (s *Supervisor) Terminate(ctx context.Context, req TerminateRequest) (Termi
 	if err != nil {
 		return Termination{}, err
 	}
-	s.kicks.noteGroup(t)
-	s.Kick(t.ID)
+	s.KickRequested(t)
 	return t, nil
 }
 
 // TerminateIn writes a termination request inside the caller's
 // transaction, so that the caller can persist its own state with it (a
 // rollout writes its batch and the batch's termination together). The
-// caller must Kick the termination once the transaction has committed.
+// caller must KickRequested the termination once the transaction has
+// committed.
 func (s *Supervisor) TerminateIn(tx store.Txn, req TerminateRequest) (Termination, error) {
 	roots := req.Roots
 	if len(roots) == 0 {

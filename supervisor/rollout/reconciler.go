@@ -466,7 +466,7 @@ func (rs *Rollouts) startBatch(ctx context.Context, r Rollout, step RolloutStep,
 		return kv.PutJSON(tx, rolloutKey(r.ID), next)
 	})
 	if err == nil && term.ID != "" {
-		rs.Supervisor.Kick(term.ID)
+		rs.Supervisor.KickRequested(term)
 		rs.Log.Info("rollout batch started", "rollout_id", r.ID, "batch", step.Batch, "termination_id", term.ID, "agents", len(term.RootIDs()))
 	}
 	return err

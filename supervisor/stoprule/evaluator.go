@@ -1331,9 +1331,10 @@ func (r *Rules) file(ctx context.Context, node *tree.Node, rule *Rule, res Resul
 	if rule.Action == ActionAbort {
 		mode = supervisor.ModeAbort
 	}
-	termID, filed := "", false
+	var term supervisor.Termination
+	filed := false
 	err := r.Store.Update(ctx, func(tx store.Txn) error {
-		termID, filed = "", false
+		term, filed = supervisor.Termination{}, false
 		if _, err := tx.Get(firedKey(node.NodeID, rule.RuleID)); err == nil {
 			return nil // fired already (another evaluation got there first)
 		} else if !errors.Is(err, store.ErrNotFound) {
@@ -1345,11 +1346,11 @@ func (r *Rules) file(ctx context.Context, node *tree.Node, rule *Rule, res Resul
 			}
 			return err
 		}
-		p, term, err := r.Supervisor.FileRuleProposal(tx, node.NodeID, firing, mode, r.Policy)
+		p, t, err := r.Supervisor.FileRuleProposal(tx, node.NodeID, firing, mode, r.Policy)
 		if err != nil {
 			return err
 		}
-		termID, filed = term, true
+		term, filed = t, true
 		return tx.Put(firedKey(node.NodeID, rule.RuleID), []byte(p.ProposalID))
 	})
 	if err != nil {
@@ -1357,10 +1358,10 @@ func (r *Rules) file(ctx context.Context, node *tree.Node, rule *Rule, res Resul
 	}
 	if filed {
 		r.stats.Fired.Add(1)
-		r.Log.Info("stop rule fired; proposal filed", "rule_id", rule.RuleID, "rule", rule.Name, "node_id", node.NodeID, "termination_id", termID)
+		r.Log.Info("stop rule fired; proposal filed", "rule_id", rule.RuleID, "rule", rule.Name, "node_id", node.NodeID, "termination_id", term.ID)
 	}
-	if termID != "" {
-		r.Supervisor.Kick(termID)
+	if term.ID != "" {
+		r.Supervisor.KickRequested(term)
 	}
 	return r.fault("after-file")
 }
