@@ -150,8 +150,10 @@ type frameGuard struct {
 	// open: the streams the peer opened (a HEADERS frame without
 	// END_STREAM) that neither side has ended since (END_STREAM, or
 	// RST_STREAM), at most MaxOpenStreamsFollowed: the streams whose DATA
-	// frames carry a request's body. Kept with the budget.
-	open map[uint32]struct{}
+	// frames carry a request's body, with what their DATA frames cost
+	// since the server last gave them window (DataFramesPerWindowUpdate).
+	// Kept with the budget.
+	open map[uint32]streamFrames
 
 	readMu  sync.Mutex
 	in      frameScanner // under readMu
@@ -175,7 +177,7 @@ func newFrameGuard(c net.Conn, limits frameLimits) *frameGuard {
 	g.out.cookie = [8]byte(g.ping[9:])
 	if limits.burst > 0 {
 		g.budget = &frameBudget{limits: limits, credit: float64(limits.burst), last: limits.clock.Now()}
-		g.open = map[uint32]struct{}{}
+		g.open = map[uint32]streamFrames{}
 		g.in.charge = g.charge
 		// The connection's admitted requests earn it frames
 		// (limitedConn.earnFrames).
@@ -275,6 +277,31 @@ func (b *frameBudget) overdrawnLocked() bool {
 // opened past it has its body's DATA frames charged as frames.
 const MaxOpenStreamsFollowed = 1024
 
+// DataFramesPerWindowUpdate is how many DATA frames carrying a payload a
+// stream the peer opened may send free (its bytes a request's body,
+// charged by their size) since the server last gave the stream window —
+// a WINDOW_UPDATE on it, which Go's HTTP/2 server sends once the stream's
+// handler has read some 4 KiB of its body, or what is left of its
+// window. Each frame past them costs the connection's frame budget
+// (ConnLimits.ControlFrames) one, given back with the stream's next
+// window. A body nobody reads — that of a call refused from its headers,
+// whose refusal its sender does not take — is dropped as it comes, its
+// stream's window (MaxReceiveBufferBytes) never given back: until the
+// forty-first pass each of its frames was free, a refusal (which earns
+// FramesPerRequest) earning its sender 65,536 frames of a byte. An honest
+// body's frames average far more than 4 KiB / DataFramesPerWindowUpdate
+// (16 bytes) each: a message's envelope and its protobuf, or frames of
+// MaxFrameBytes.
+const DataFramesPerWindowUpdate = 256
+
+// streamFrames is what a followed stream's DATA frames cost since the
+// server last gave it window: unpaid, the frames carrying a payload
+// taken free; charged, those charged to the budget past
+// DataFramesPerWindowUpdate, given back with the stream's next window.
+type streamFrames struct {
+	unpaid, charged uint32
+}
+
 // streamOf is the stream a frame's header names.
 func streamOf(hdr []byte) uint32 {
 	return uint32(hdr[5]&0x7f)<<24 | uint32(hdr[6])<<16 | uint32(hdr[7])<<8 | uint32(hdr[8])
@@ -283,10 +310,11 @@ func streamOf(hdr []byte) uint32 {
 // costLocked is what a frame the peer sent costs the budget, from its
 // header: nothing for a DATA frame carrying a payload on a stream the
 // peer opened and neither side has ended (its bytes are a request's body,
-// charged by their size), one for any other — a DATA frame on a stream
-// already ended or reset among them: its bytes are nobody's body, and Go's
-// HTTP/2 server answers each with a RST_STREAM. It follows the streams
-// the peer opens and ends (g.open). g.mu is held.
+// charged by their size) within DataFramesPerWindowUpdate since the
+// server last gave the stream window, one for any other — a DATA frame on
+// a stream already ended or reset among them: its bytes are nobody's
+// body, and Go's HTTP/2 server answers each with a RST_STREAM. It follows
+// the streams the peer opens and ends (g.open). g.mu is held.
 func (g *frameGuard) costLocked(hdr *[9]byte) float64 {
 	length := int(hdr[0])<<16 | int(hdr[1])<<8 | int(hdr[2])
 	id, endStream := streamOf(hdr[:]), hdr[4]&flagEndStream != 0
@@ -294,13 +322,19 @@ func (g *frameGuard) costLocked(hdr *[9]byte) float64 {
 	switch hdr[3] {
 	case frameHeaders:
 		if _, open := g.open[id]; !open && !endStream && len(g.open) < MaxOpenStreamsFollowed {
-			g.open[id] = struct{}{}
+			g.open[id] = streamFrames{}
 		} else if endStream {
 			delete(g.open, id)
 		}
 	case frameData:
-		if _, open := g.open[id]; open && length > 0 && hdr[4]&flagPadded == 0 {
-			cost = 0
+		if st, open := g.open[id]; open && length > 0 && hdr[4]&flagPadded == 0 {
+			if st.unpaid < DataFramesPerWindowUpdate {
+				st.unpaid++
+				cost = 0
+			} else {
+				st.charged++
+			}
+			g.open[id] = st
 		}
 		if endStream {
 			delete(g.open, id)
@@ -319,6 +353,23 @@ func (g *frameGuard) ended(ids []uint32) {
 	for _, id := range ids {
 		delete(g.open, id)
 	}
+}
+
+// windowed notes streams the server gave window (a WINDOW_UPDATE on
+// each): their handlers are reading their bodies, so their next
+// DataFramesPerWindowUpdate DATA frames are free again, and those charged
+// since their last window are given back.
+func (g *frameGuard) windowed(ids []uint32) {
+	back := 0
+	g.mu.Lock()
+	for _, id := range ids {
+		if st, open := g.open[id]; open {
+			back += int(st.charged)
+			g.open[id] = streamFrames{}
+		}
+	}
+	g.mu.Unlock()
+	g.earn(back)
 }
 
 // charge takes a frame the peer sent out of the budget, and reports
@@ -469,6 +520,12 @@ func (g *frameGuard) Write(p []byte) (int, error) {
 		}
 		g.out.ended = g.out.ended[:0]
 	}
+	if len(g.out.windowed) > 0 {
+		if g.budget != nil {
+			g.windowed(g.out.windowed)
+		}
+		g.out.windowed = g.out.windowed[:0]
+	}
 	if acks > 0 {
 		g.mu.Lock()
 		g.waiting = false
@@ -523,6 +580,7 @@ const (
 	framePushPromise  = 0x5
 	frameSettings     = 0x4
 	framePing         = 0x6
+	frameWindowUpdate = 0x8
 	frameContinuation = 0x9
 	flagAck           = 0x1
 	flagEndStream     = 0x1
@@ -594,10 +652,13 @@ type ackFilter struct {
 	// ended: the streams the frames that passed ended (END_STREAM,
 	// RST_STREAM), for the frame budget (frameGuard.ended).
 	ended []uint32
+	// windowed: the streams the frames that passed gave window
+	// (WINDOW_UPDATE), for the frame budget (frameGuard.windowed).
+	windowed []uint32
 }
 
 // saw notes a frame the server writes, from its header: what it earns,
-// and the stream it ends.
+// the stream it ends, and the stream it gives window.
 func (f *ackFilter) saw(hdr []byte) {
 	f.earned += earns(hdr)
 	switch hdr[3] {
@@ -607,6 +668,10 @@ func (f *ackFilter) saw(hdr []byte) {
 		}
 	case frameRSTStream:
 		f.ended = append(f.ended, streamOf(hdr))
+	case frameWindowUpdate:
+		if id := streamOf(hdr); id != 0 {
+			f.windowed = append(f.windowed, id)
+		}
 	}
 }
 

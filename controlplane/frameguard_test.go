@@ -6,14 +6,18 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"golang.org/x/net/http2"
+
+	"github.com/tetherhq/tether/internal/clock"
 )
 
 // TestFrameGuardKeepsTheRequestsTLSState: HTTP/2 over TLS is served
@@ -177,5 +181,63 @@ func TestLimitedOfSeesThroughTheGuard(t *testing.T) {
 	tc := tls.Server(lc, &tls.Config{})
 	if got := limitedOf(&tlsFrameGuard{newFrameGuard(tc, frameLimits{}), tc}); got != lc {
 		t.Fatal("the TLS guard hid its connection")
+	}
+}
+
+// TestRogue41AFrameGuardGivesAStreamsChargedDataFramesBackWithItsWindow:
+// a stream the peer opened sends DataFramesPerWindowUpdate DATA frames
+// carrying a payload free, then one each from the connection's frame
+// budget; a WINDOW_UPDATE the server writes on the stream (its handler
+// read its body) gives the charged frames back and frees its next
+// DataFramesPerWindowUpdate, while a connection's WINDOW_UPDATE (stream
+// 0) gives nothing back.
+func TestRogue41AFrameGuardGivesAStreamsChargedDataFramesBackWithItsWindow(t *testing.T) {
+	a, b := net.Pipe()
+	t.Cleanup(func() { a.Close(); b.Close() })
+	go func() { _, _ = io.Copy(io.Discard, b) }()
+	const burst, over = 128, 100
+	g := newFrameGuard(a, frameLimits{burst: burst, clock: clock.NewManual(time.Unix(0, 0)), throttled: new(atomic.Int64)})
+	credit := func() float64 {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.budget.credit
+	}
+	frame := func(typ, flags byte, stream uint32, length int) *[9]byte {
+		return &[9]byte{byte(length >> 16), byte(length >> 8), byte(length), typ, flags, byte(stream >> 24), byte(stream >> 16), byte(stream >> 8), byte(stream)}
+	}
+	g.charge(frame(frameHeaders, flagEndHeaders, 1, 10))
+	data := func(n int) {
+		for range n {
+			g.charge(frame(frameData, 0, 1, 1))
+		}
+	}
+	data(DataFramesPerWindowUpdate)
+	if got := credit(); got != burst-1 {
+		t.Fatalf("credit %v after the stream's HEADERS and %d free DATA frames, want %d", got, DataFramesPerWindowUpdate, burst-1)
+	}
+	data(over)
+	if got := credit(); got != burst-1-over {
+		t.Fatalf("credit %v after %d DATA frames past the free ones, want %d", got, over, burst-1-over)
+	}
+	write := func(stream uint32) {
+		var buf bytes.Buffer
+		if err := http2.NewFramer(&buf, nil).WriteWindowUpdate(stream, 4096); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := g.Write(buf.Bytes()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(0)
+	if got := credit(); got != burst-1-over {
+		t.Fatalf("credit %v after the connection's window update, want %d (nothing given back)", got, burst-1-over)
+	}
+	write(1)
+	if got := credit(); got != burst-1 {
+		t.Fatalf("credit %v after the stream's window update, want %d (its charged frames given back)", got, burst-1)
+	}
+	data(DataFramesPerWindowUpdate)
+	if got := credit(); got != burst-1 {
+		t.Fatalf("credit %v after %d more DATA frames following the stream's window, want %d (free again)", got, DataFramesPerWindowUpdate, burst-1)
 	}
 }
