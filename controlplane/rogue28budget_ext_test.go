@@ -67,20 +67,7 @@ func TestRogue28ABudgetRefusalAfterTheSessionsEndIsLifeAfterIt(t *testing.T) {
 			// The flood: cheap reads of its own node until its lineage's
 			// budget is spent. The clock stands still from here to the
 			// claim, so the budget stays spent.
-			spent := false
-			for range 200 {
-				_, err := w.cAgent.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: self}))
-				if connect.CodeOf(err) == connect.CodeResourceExhausted {
-					spent = true
-					break
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-			}
-			if !spent {
-				t.Fatal("the rogue's flood did not spend its lineage's budget")
-			}
+			spendLineage(t, w.cAgent, self)
 			work := func() {
 				t.Helper()
 				for range 3 {

@@ -193,20 +193,7 @@ func TestRogue29CABudgetRefusalAfterAConfirmedExitContradictsIt(t *testing.T) {
 				t.Fatal(err)
 			}
 			w.clk.Advance(time.Minute)
-			spent := false
-			for range 200 {
-				_, err := w.cAgent.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: self}))
-				if connect.CodeOf(err) == connect.CodeResourceExhausted {
-					spent = true
-					break
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-			}
-			if !spent {
-				t.Fatal("the rogue's flood did not spend its lineage's budget")
-			}
+			spendLineage(t, w.cAgent, self)
 			sess.close()
 			testserver.WaitFor(t, 20*time.Second, "the control plane to see the session end", func() bool {
 				return sessionEndStored(t, w.srv, self)
