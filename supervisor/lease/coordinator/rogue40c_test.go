@@ -30,19 +30,7 @@ func TestRogue40CAHoldersFinishedJobsDoNotMakeEachPageCopyThemAll(t *testing.T) 
 		finished = 300
 		shards   = 3 // start's
 	)
-	st := openStore(t, t.TempDir())
-	defer st.Close()
-	clk := clock.NewManual(t0)
-	h := start(t, st, clk, lease.DefaultPolicy())
-	var jobs []string
-	for i := range finished {
-		job := fmt.Sprintf("r40c-%03d", (i*37)%finished) // not in order of id
-		h.active(job, "w1", 5*time.Minute)
-		h.want(lease.Complete{Claim: claim(job, "L-"+job, 1, "w1"), Result: lease.ResultSuccess}, lease.OutcomeAccepted, lease.EventTerminalAccepted)
-		jobs = append(jobs, job)
-	}
-	h.active("s-other", "w2", 5*time.Minute)
-	slices.Sort(jobs)
+	h, jobs := holderWithFinishedJobs(t, "r40c", finished)
 	ctx := context.Background()
 
 	bound := func(what string, limit int, before int64) {
@@ -110,4 +98,25 @@ func TestRogue40CAHoldersFinishedJobsDoNotMakeEachPageCopyThemAll(t *testing.T) 
 	if !slices.Equal(listed, jobs) {
 		t.Fatalf("the record's pages list %d jobs, want the holder's %d in order", len(listed), len(jobs))
 	}
+}
+
+// holderWithFinishedJobs starts a coordinator (Badger on disk, 3 shards)
+// whose holder w1 finished n jobs named prefix-NNN, begun out of order of
+// id, beside one active job of another holder (w2), and returns it with
+// w1's job ids in order.
+func holderWithFinishedJobs(t *testing.T, prefix string, n int) (*harness, []string) {
+	t.Helper()
+	st := openStore(t, t.TempDir())
+	t.Cleanup(func() { st.Close() })
+	h := start(t, st, clock.NewManual(t0), lease.DefaultPolicy())
+	var jobs []string
+	for i := range n {
+		job := fmt.Sprintf("%s-%03d", prefix, (i*37)%n) // not in order of id
+		h.active(job, "w1", 5*time.Minute)
+		h.want(lease.Complete{Claim: claim(job, "L-"+job, 1, "w1"), Result: lease.ResultSuccess}, lease.OutcomeAccepted, lease.EventTerminalAccepted)
+		jobs = append(jobs, job)
+	}
+	h.active("s-other", "w2", 5*time.Minute)
+	slices.Sort(jobs)
+	return h, jobs
 }

@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
-	"time"
 
-	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/supervisor/lease"
 )
 
@@ -28,19 +26,7 @@ func TestRogue41BAPageOfAHoldersJobsVisitsOnlyItsRange(t *testing.T) {
 		finished = 300
 		shards   = 3 // start's
 	)
-	st := openStore(t, t.TempDir())
-	defer st.Close()
-	clk := clock.NewManual(t0)
-	h := start(t, st, clk, lease.DefaultPolicy())
-	var jobs []string
-	for i := range finished {
-		job := fmt.Sprintf("r41b-%03d", (i*37)%finished) // not in order of id
-		h.active(job, "w1", 5*time.Minute)
-		h.want(lease.Complete{Claim: claim(job, "L-"+job, 1, "w1"), Result: lease.ResultSuccess}, lease.OutcomeAccepted, lease.EventTerminalAccepted)
-		jobs = append(jobs, job)
-	}
-	h.active("s-other", "w2", 5*time.Minute)
-	slices.Sort(jobs)
+	h, jobs := holderWithFinishedJobs(t, "r41b", finished)
 	ctx := context.Background()
 
 	walked := 0
