@@ -161,7 +161,8 @@ type Config struct {
 	StopRuleFault func(point string) error
 	// RolloutFault, when set, is called by the rollout reconciler at
 	// "before-start-batch": after it chose a batch's agents from what it
-	// observed, before the transaction that starts the batch (see
+	// observed, before the transaction that starts the batch; and at
+	// "before-reassign", before each lease a handover pass reassigns (see
 	// rollout.Rollouts.Fault). Tests only.
 	RolloutFault func(point string)
 	// DisableStopRules runs without stop rules: no per-node counters in

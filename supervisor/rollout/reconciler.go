@@ -35,8 +35,10 @@ type Rollouts struct {
 	Log      *slog.Logger
 	// Fault, when set, is called at "before-start-batch": after the
 	// reconciler chose a batch's agents from what it observed, before the
-	// transaction that starts the batch. Tests only: it lets a test act
-	// (an agent claiming its exit) between the two.
+	// transaction that starts the batch; and at "before-reassign": in a
+	// handover pass, before each lease it reassigns. Tests only: it lets a
+	// test act (an agent claiming its exit, a job's coordinator moving a
+	// lease) between the two.
 	Fault func(point string)
 
 	loopOnce   sync.Once
@@ -349,9 +351,15 @@ func (rs *Rollouts) Reconcile(ctx context.Context, rolloutID string) (time.Time,
 			}
 			err = rs.startBatch(ctx, r, step, facts, now)
 		case ActRolloutHandOver:
+			// A pass that failed part way (a lease moved since it was
+			// listed, the lease module unavailable) has reassigned the
+			// leases before it: they are counted now, or no later pass
+			// would — they are no longer the members' — and a job's
+			// coordinator moving the last of a drained agent's jobs
+			// mid-pass had the batch say none was handed over.
 			out, err = rs.handOver(ctx, r, step, targets)
-			if err == nil {
-				err = rs.save(ctx, r, step, out, facts, now)
+			if err == nil || out.HandedOver > 0 {
+				err = errors.Join(err, rs.save(ctx, r, step, out, facts, now))
 			}
 		case ActRolloutRelease:
 			if err = rs.release(ctx, r); err == nil {
@@ -521,6 +529,9 @@ func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, t
 			continue
 		}
 		to := may[(offset+i)%len(may)]
+		if rs.Fault != nil {
+			rs.Fault("before-reassign")
+		}
 		gen, err := rs.Handover.Reassign(ctx, l, to, reason)
 		switch {
 		case errors.Is(err, supervisor.ErrHandoverRefused):

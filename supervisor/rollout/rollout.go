@@ -80,7 +80,9 @@ type RolloutBatch struct {
 	// ReplacedAt: enough replacements were ready to cover this batch and
 	// every earlier one.
 	ReplacedAt time.Time `json:"replaced_at,omitzero"`
-	// HandedOver: a handover pass ran after the batch was replaced.
+	// HandedOver: a handover pass ran after the batch was replaced (or
+	// part of one, which reassigned LeasesHandedOver's share before it
+	// failed: the batch is done only once no open lease is left).
 	HandedOver          bool      `json:"handed_over,omitempty"`
 	LeasesHandedOver    int       `json:"leases_handed_over,omitempty"`
 	LeasesNotHandedOver []string  `json:"leases_not_handed_over,omitempty"`

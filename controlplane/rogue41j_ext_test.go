@@ -1,0 +1,108 @@
+package controlplane_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// TestRogue41JAMovedLeaseDoesNotEraseTheBatchsHandoverCount: a rogue
+// planner offered its v1 worker two jobs, "job-a" and "job-z" (it chooses
+// the ids, so which comes last in the rollout's pass). The worker's batch
+// drains it, the planner's v2 replacement is ready, and the rollout hands
+// the worker's jobs over in one pass, in job order. Between the rollout's
+// reassignment of job-a and of job-z the planner moves job-z itself (its
+// own Reassign to another child of its, as the job's coordinator may; the reconciler's test hook
+// pins the interleaving). The pass failed on job-z and recorded nothing:
+// job-a had gone to the replacement (generation 2), but the batch — and the
+// completed rollout — said 0 leases handed over, and the next pass, finding
+// no open lease, marked the batch handed over with that 0. The leases a
+// pass hands over are counted even when a later one fails now.
+func TestRogue41JAMovedLeaseDoesNotEraseTheBatchsHandoverCount(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	var (
+		mu    sync.Mutex
+		calls int
+		move  func()
+	)
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) {
+		cfg.RolloutFault = func(point string) {
+			if point != "before-reassign" {
+				return
+			}
+			mu.Lock()
+			calls++
+			m := move
+			if calls == 2 { // before job-z, after job-a went over
+				move = nil
+			} else {
+				m = nil
+			}
+			mu.Unlock()
+			if m != nil {
+				m()
+			}
+		}
+	})
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	planner := registerLabelled(t, admin, "planner", map[string]string{"role": "planner"})
+	pc := srv.Clients(planner.Credential)
+	worker := spawnLabelled(t, pc, planner.Node.NodeId, "worker", map[string]string{"version": "v1"})
+	wc := srv.Clients(worker.Credential)
+	helper := spawnLabelled(t, pc, planner.Node.NodeId, "helper", map[string]string{"role": "helper"})
+	for _, job := range []string{"job-a", "job-z"} {
+		resp, err := pc.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: worker.Node.NodeId, LeaseDuration: durationpb.New(10 * time.Minute)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		unary{wc}.send(t, ack(resp.Msg.Lease))
+	}
+	var moveErr error
+	mu.Lock()
+	move = func() {
+		_, moveErr = pc.Lease.Reassign(ctx, connect.NewRequest(&tetherv1.ReassignRequest{JobId: "job-z", HolderIdentity: helper.Node.NodeId, Reason: "mine now"}))
+	}
+	mu.Unlock()
+
+	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: 1,
+		DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Second), BatchDeadline: durationpb.New(time.Hour)})
+	r = waitRollout(t, srv, r.RolloutId, "to start a batch", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 1 })
+	term := r.Batches[0].TerminationId
+	testserver.WaitFor(t, 20*time.Second, "the batch's termination to finish", func() bool {
+		clk.Advance(2 * time.Second)
+		return getTermination(t, admin, term).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+	})
+	next := spawnLabelled(t, pc, planner.Node.NodeId, "worker-v2", map[string]string{"version": "v2"})
+	reportReady(t, admin, next.Node.NodeId)
+	testserver.WaitFor(t, 20*time.Second, "the rollout to finish", func() bool {
+		clk.Advance(2 * time.Second) // the reconciler's retry after a failed pass is on the clock
+		r = getRollout(t, admin, r.RolloutId)
+		return r.State != tetherv1.RolloutState_ROLLOUT_STATE_RUNNING
+	})
+	mu.Lock()
+	n := calls
+	mu.Unlock()
+	if n < 2 || moveErr != nil {
+		t.Fatalf("the planner's move of job-z before the rollout's reassignment of it: %d reassignments seen, %v", n, moveErr)
+	}
+	if got := operatorLease(t, admin, "job-a"); got.LeaseGeneration != 2 || got.HolderIdentity != next.Node.NodeId {
+		t.Fatalf("job-a: generation %d held by %s, want 2 held by the replacement %s", got.LeaseGeneration, got.HolderIdentity, next.Node.NodeId)
+	}
+	if got := operatorLease(t, admin, "job-z"); got.HolderIdentity != helper.Node.NodeId {
+		t.Fatalf("job-z held by %s, want the helper the planner moved it to", got.HolderIdentity)
+	}
+	if r.State != tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED || r.Batches[0].LeasesHandedOver != 1 || r.Counts.LeasesHandedOver != 1 {
+		t.Fatalf("rollout %s (%q): batch 0 says %d leases handed over, the rollout %d; want 1 (job-a went to the replacement)",
+			r.State, r.Reason, r.Batches[0].LeasesHandedOver, r.Counts.LeasesHandedOver)
+	}
+}
