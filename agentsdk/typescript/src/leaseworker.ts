@@ -89,7 +89,9 @@ export interface JobOptions {
   /**
    * Runs when the coordinator's cancel request is first seen, after the
    * job's signal aborted and before the worker acknowledges the request. It
-   * should return once the job has stopped starting new work.
+   * should return once the job has stopped starting new work. One that
+   * throws (or rejects) is reported through the worker's warn; the request
+   * is acknowledged and the job ends all the same.
    */
   onCancel?: (lease: Lease) => void | Promise<void>;
 }
@@ -476,6 +478,12 @@ export class Job {
       this.#inOnCancel = true;
       try {
         await this.#options.onCancel?.(lease);
+      } catch (err) {
+        // A callback that fails (its cleanup threw) is reported, not a
+        // reason to leave the request unacknowledged and the job running:
+        // the Go worker acknowledges once OnCancel returns, the Python one
+        // logs an on_cancel that raises and acknowledges all the same.
+        this.#warn(`tether: onCancel of job ${lease.jobId} failed: ${(err as Error)?.message ?? String(err)}`);
       } finally {
         this.#inOnCancel = false;
       }
