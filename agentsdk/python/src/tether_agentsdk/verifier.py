@@ -45,6 +45,10 @@ MAX_CHAIN_DEPTH = 16
 MAX_SCOPES = 32
 MAX_SCOPE_BYTES = 128
 MAX_ID_BYTES = 128
+#: Seconds between two fetches of the key set that no unknown kid caused
+#: (the Go and TypeScript verifiers' interval): a key the control plane
+#: pruned from its ring leaves the verifier's set within it.
+JWKS_REFRESH_EVERY = 5 * 60.0
 _ALPHABET = re.compile(r"^[A-Za-z0-9_.-]*$")
 
 
@@ -399,6 +403,10 @@ class Verifier(StreamFollower):
         self._keys: dict[str, Any] = {}
         self._keys_lock = threading.Lock()
         self._last_on_demand: float | None = None
+        # When the key set was last fetched on schedule (self.clock), and
+        # whether such a fetch is under way (under _keys_lock).
+        self._keys_fetched_at: float | None = None
+        self._keys_refreshing = False
         self._state = _Tombstones()
         # A snapshot that spans several feed messages (each but its last
         # continues), gathered until its last: the set is replaced only
@@ -417,12 +425,16 @@ class Verifier(StreamFollower):
 
     def start(self) -> "Verifier":
         """Offline: fetches the key set and follows the revocation feed in
-        a daemon thread. Introspecting: nothing to start; ready at once."""
+        a daemon thread, fetching the key set again every
+        JWKS_REFRESH_EVERY seconds. Introspecting: nothing to start; ready
+        at once."""
         if not self.offline:
             self.ready.set()
             return self
         if self._thread is None:
             self._stop.clear()
+            with self._keys_lock:
+                self._keys_fetched_at = self.clock()
             try:
                 self._fetch_jwks()
             except Exception as e:  # retried on the first unknown kid
@@ -649,6 +661,7 @@ class Verifier(StreamFollower):
                         watchdog.kick()
                         self._apply(msg)
                         applied += 1
+                        self._refresh_keys_when_due()
                         watchdog.kick()
                 finally:
                     watchdog.stop()
@@ -682,6 +695,34 @@ class Verifier(StreamFollower):
         keys = parse_jwks(self.conn.get(JWKS_PATH, max_bytes=1 << 20))
         with self._keys_lock:
             self._keys = keys
+
+    def _refresh_keys_when_due(self) -> None:
+        """Fetches the key set again, on another thread, once
+        JWKS_REFRESH_EVERY has passed on the verifier's clock since the last
+        such fetch (or the clock went back past it): asked on each feed
+        message (a heartbeat comes within the staleness budget). Only an
+        unknown kid fetched it before, so a key the control plane pruned
+        from its ring (rotated out, or out because it leaked) verified here
+        until the process restarted, where the Go and TypeScript verifiers
+        dropped it within five minutes. The feed's thread does not wait for
+        the key set: a slow one does not hold the revocations."""
+        now = self.clock()
+        with self._keys_lock:
+            last = self._keys_fetched_at
+            if self._keys_refreshing or last is not None and 0 <= now - last < JWKS_REFRESH_EVERY:
+                return
+            self._keys_fetched_at = now
+            self._keys_refreshing = True
+        threading.Thread(target=self._refresh_keys, name="tether-jwks", daemon=True).start()
+
+    def _refresh_keys(self) -> None:
+        try:
+            self._fetch_jwks()
+        except Exception as e:  # the keys held stay; the next interval tries again
+            self._warn("tether: refreshing the key set failed: %s", e)
+        finally:
+            with self._keys_lock:
+                self._keys_refreshing = False
 
     def _refetch_after_miss(self) -> None:
         with self._keys_lock:
