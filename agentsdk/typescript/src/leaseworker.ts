@@ -3,7 +3,7 @@ import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 
 import { Conn } from "./conn.js";
 import { AuditEvent, LeaseState, Outcome, TerminalResult, type Decision, type Lease } from "./gen/tether/v1/lease_pb.js";
-import { msOf } from "./internal.js";
+import { msOf, textOf } from "./internal.js";
 
 /** Why a job's signal aborted. */
 export type JobEndKind = "cancelled" | "lost" | "ended";
@@ -483,7 +483,7 @@ export class Job {
         // reason to leave the request unacknowledged and the job running:
         // the Go worker acknowledges once OnCancel returns, the Python one
         // logs an on_cancel that raises and acknowledges all the same.
-        this.#warn(`tether: onCancel of job ${lease.jobId} failed: ${(err as Error)?.message ?? String(err)}`);
+        this.#warn(`tether: onCancel of job ${lease.jobId} failed: ${textOf(err, "with a value that has no text")}`);
       } finally {
         this.#inOnCancel = false;
       }

@@ -22,39 +22,46 @@ after(async () => {
   await server?.stop();
 });
 
-test("rogue41N: a cancel whose onCancel throws is acknowledged all the same, and the job ends", async () => {
-  const { agent } = await server.rootAgent("rogue41n-holder");
-  const offered = await server.operator.lease.offer({ jobId: "ts-rogue41n", holderIdentity: agent.nodeId, leaseDuration: { seconds: 300n } });
-  const warnings: string[] = [];
-  // No renewals on schedule: the test renews, so each answer is one it sees.
-  const worker = new LeaseWorker({ conn: agent.conn, renewEveryMs: 3_600_000, warn: (m) => void warnings.push(m) });
-  let onCancelRuns = 0;
-  const job = await worker.accept(offered.lease!, {
-    onCancel: () => {
-      onCancelRuns++;
-      throw new Error("cleanup failed");
-    },
+for (const [name, thrown, reported] of [
+  ["an error", new Error("cleanup failed"), "cleanup failed"],
+  // A value whose text itself throws must not escape the report either.
+  ["a value with no text", { toString: 1 }, "with a value that has no text"],
+] as const) {
+  const jobId = `ts-rogue41n-${name.replaceAll(" ", "-")}`;
+  test(`rogue41N: a cancel whose onCancel throws ${name} is acknowledged all the same, and the job ends`, async () => {
+    const { agent } = await server.rootAgent("rogue41n-holder");
+    const offered = await server.operator.lease.offer({ jobId: jobId, holderIdentity: agent.nodeId, leaseDuration: { seconds: 300n } });
+    const warnings: string[] = [];
+    // No renewals on schedule: the test renews, so each answer is one it sees.
+    const worker = new LeaseWorker({ conn: agent.conn, renewEveryMs: 3_600_000, warn: (m) => void warnings.push(m) });
+    let onCancelRuns = 0;
+    const job = await worker.accept(offered.lease!, {
+      onCancel: () => {
+        onCancelRuns++;
+        throw thrown;
+      },
+    });
+    try {
+      await server.operator.lease.requestCancel({ jobId: jobId, reason: "rogue41N" });
+      // The renewal's answer carries the cancel request: the worker acts on
+      // it. The callback's failure is the worker's to report, not a reason
+      // to leave the request unacknowledged.
+      await job.renew().catch(() => {});
+      assert.equal(onCancelRuns, 1, "onCancel did not run once");
+      assert.ok(job.signal.aborted, "the cancelled job's signal did not abort");
+      assert.ok(job.signal.reason instanceof JobEnded && job.signal.reason.kind === "cancelled", String(job.signal.reason));
+      const got = await server.operator.lease.getLease({ jobId: jobId });
+      assert.equal(got.lease?.cancelAck, true, "the cancel request was never acknowledged (the worker stopped at the throwing onCancel)");
+      let ended = false;
+      await Promise.race([job.done.then(() => (ended = true)), new Promise<void>((resolve) => setImmediate(resolve))]);
+      assert.ok(ended, "the cancelled job's done never resolved");
+      assert.ok(warnings.some((w) => w.includes(reported)), `the onCancel failure was not reported: ${JSON.stringify(warnings)}`);
+      // Its result is still the worker's to report.
+      await job.complete(TerminalResult.CANCELLED, "stopped on request");
+      assert.equal((await server.operator.lease.getLease({ jobId: jobId })).lease?.terminalResult, TerminalResult.CANCELLED);
+    } finally {
+      job.stop();
+      await worker.close();
+    }
   });
-  try {
-    await server.operator.lease.requestCancel({ jobId: "ts-rogue41n", reason: "rogue41N" });
-    // The renewal's answer carries the cancel request: the worker acts on
-    // it. The callback's failure is the worker's to report, not a reason
-    // to leave the request unacknowledged.
-    await job.renew().catch(() => {});
-    assert.equal(onCancelRuns, 1, "onCancel did not run once");
-    assert.ok(job.signal.aborted, "the cancelled job's signal did not abort");
-    assert.ok(job.signal.reason instanceof JobEnded && job.signal.reason.kind === "cancelled", String(job.signal.reason));
-    const got = await server.operator.lease.getLease({ jobId: "ts-rogue41n" });
-    assert.equal(got.lease?.cancelAck, true, "the cancel request was never acknowledged (the worker stopped at the throwing onCancel)");
-    let ended = false;
-    await Promise.race([job.done.then(() => (ended = true)), new Promise<void>((resolve) => setImmediate(resolve))]);
-    assert.ok(ended, "the cancelled job's done never resolved");
-    assert.ok(warnings.some((w) => w.includes("cleanup failed")), `the onCancel failure was not reported: ${JSON.stringify(warnings)}`);
-    // Its result is still the worker's to report.
-    await job.complete(TerminalResult.CANCELLED, "stopped on request");
-    assert.equal((await server.operator.lease.getLease({ jobId: "ts-rogue41n" })).lease?.terminalResult, TerminalResult.CANCELLED);
-  } finally {
-    job.stop();
-    await worker.close();
-  }
-});
+}
