@@ -807,10 +807,12 @@ type evidenceData struct {
 	Job    string
 	Header []string
 	Rows   []evidenceRowView
-	// Total counts the job's rows, Matched those the filter keeps; Rows
-	// are the first of them after row After, at most maxEvidenceShown.
+	// Total counts the rows read after row After, Matched those the
+	// filter keeps; Rows are the first of them, at most maxEvidenceShown.
+	// Partial: the page stopped reading before the matrix's end.
 	Total    int
 	Matched  int
+	Partial  bool
 	After    uint64
 	Next     string // the link to the rows after the last one shown
 	Filter   evidenceFilter
@@ -831,40 +833,59 @@ type staleCountView struct {
 // memory); the rest are a "next" link, a narrower filter or the CSV away.
 const maxEvidenceShown = 1000
 
-// evidencePages reads a job's evidence matrix page by page, every page,
-// and hands each to each: the server answers at most 1000 rows at a time,
+// evidenceReads bounds the Evidence answers (a thousand rows each) one
+// evidence page reads. The holder of a live generation adds a row with
+// every renewal and progress report, kept for ever: a page that read the
+// whole matrix to count it cost the operator a read per thousand of the
+// rogue's messages, and past its deadline never drew at all. The page
+// reads on from where the one before stopped (its "next" link).
+const evidenceReads = 4
+
+// errEnoughEvidence stops the reading once a page has all it shows.
+var errEnoughEvidence = errors.New("the page has its rows")
+
+// evidencePages reads a job's evidence matrix page by page from token,
+// at most reads pages (0: every page), and hands each to each with the
+// token it was read with: the server answers at most 1000 rows at a time,
 // and a job's holder writes as many rows as it sends messages, so a
 // console that read the first answer only would show a rogue's first
-// thousand messages and none of what it did after them. The first page's
-// failure is rendered (nothing was written yet); a later one is returned.
+// thousand messages and none of what it did after them. rest is the
+// token of the first page left unread ("" when the matrix ended, or each
+// returned errEnoughEvidence). The first page's failure is rendered
+// (nothing was written yet); a later one is returned.
 //
 // stale, when not nil, is set to the former holders' counts of their late
 // messages, which every page carries (the last page's).
-func (c *Console) evidencePages(w http.ResponseWriter, r *http.Request, s *session, job string, stale *[]*tetherv1.StaleCount, each func([]*tetherv1.EvidenceRow) error) (ok bool, err error) {
+func (c *Console) evidencePages(w http.ResponseWriter, r *http.Request, s *session, job, token string, reads int, stale *[]*tetherv1.StaleCount, each func(page []*tetherv1.EvidenceRow, token string) error) (ok bool, rest string, err error) {
 	ctx, cancel := pageContext(r)
 	defer cancel()
-	token := ""
-	for first := true; ; first = false {
+	for read := 0; ; read++ {
+		if reads > 0 && read == reads {
+			return true, token, nil
+		}
 		resp, err := s.clients.Lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: job, PageToken: token}))
 		if err != nil {
-			if first {
+			if read == 0 {
 				c.apiFail(w, r, s, "Could not read the evidence of job "+job, err)
-				return false, nil
+				return false, "", nil
 			}
-			return true, err
-		}
-		if err := each(resp.Msg.Rows); err != nil {
-			return true, err
+			return true, "", err
 		}
 		if stale != nil {
 			*stale = resp.Msg.StaleCounts
 		}
+		if err := each(resp.Msg.Rows, token); err != nil {
+			if errors.Is(err, errEnoughEvidence) {
+				return true, "", nil
+			}
+			return true, "", err
+		}
 		next := resp.Msg.NextPageToken
 		if next == "" {
-			return true, nil
+			return true, "", nil
 		}
 		if next == token {
-			return true, fmt.Errorf("the server answered evidence page token %q twice", next)
+			return true, "", fmt.Errorf("the server answered evidence page token %q twice", next)
 		}
 		token = next
 	}
@@ -888,22 +909,25 @@ func (c *Console) evidence(w http.ResponseWriter, r *http.Request, s *session) {
 		}
 		d.After = n
 	}
-	more := false
+	start := r.URL.Query().Get("page")
+	more, moreFrom := false, ""
 	var stale []*tetherv1.StaleCount
-	ok, err := c.evidencePages(w, r, s, job, &stale, func(page []*tetherv1.EvidenceRow) error {
-		d.Total += len(page)
+	ok, rest, err := c.evidencePages(w, r, s, job, start, evidenceReads, &stale, func(page []*tetherv1.EvidenceRow, token string) error {
 		for _, row := range page {
-			if !f.match(row) {
-				continue
-			}
-			d.Matched++
 			if row.Row <= d.After {
 				continue
 			}
-			if len(d.Rows) == maxEvidenceShown {
-				more = true
+			d.Total++
+			if !f.match(row) {
 				continue
 			}
+			if len(d.Rows) == maxEvidenceShown {
+				// The next page starts at this page, after the last
+				// row shown.
+				more, moreFrom = true, token
+				return errEnoughEvidence
+			}
+			d.Matched++
 			cells := wire.EvidenceRowFromProto(row).SeedRecord()
 			cells[0] = printable.JobID(cells[0]) // the Job ID column
 			d.Rows = append(d.Rows, evidenceRowView{
@@ -921,12 +945,23 @@ func (c *Console) evidence(w http.ResponseWriter, r *http.Request, s *session) {
 		c.apiFail(w, r, s, "Could not read the whole evidence of job "+job, err)
 		return
 	}
-	if more {
+	if more || rest != "" {
+		// The rows read so far are counted; the rest are a link away,
+		// read from where this page stopped.
+		d.Partial = true
 		q := url.Values{}
 		for k, v := range r.URL.Query() {
 			q[k] = v
 		}
-		q.Set("after", strconv.FormatUint(d.Rows[len(d.Rows)-1].Row, 10))
+		if more {
+			q.Set("after", strconv.FormatUint(d.Rows[len(d.Rows)-1].Row, 10))
+			q.Set("page", moreFrom)
+		} else {
+			q.Set("page", rest)
+		}
+		if moreFrom == "" && more {
+			q.Del("page")
+		}
 		d.Next = "/ui/jobs/" + url.PathEscape(job) + "/evidence?" + q.Encode()
 	}
 	for _, sc := range stale {
@@ -943,7 +978,7 @@ func (c *Console) evidenceCSV(w http.ResponseWriter, r *http.Request, s *session
 	job := r.PathValue("job")
 	f := evidenceFilterOf(r)
 	var cw *csv.Writer
-	ok, err := c.evidencePages(w, r, s, job, nil, func(page []*tetherv1.EvidenceRow) error {
+	ok, _, err := c.evidencePages(w, r, s, job, "", 0, nil, func(page []*tetherv1.EvidenceRow, _ string) error {
 		if cw == nil {
 			w.Header().Set("Content-Type", "text/csv; charset=utf-8")
 			w.Header().Set("Content-Disposition", attachment("evidence-"+job+".csv"))
