@@ -148,7 +148,14 @@ func TestRogue34FASnapshotInSeveralMessagesKeepsTheOldSetUntilItsLast(t *testing
 	srv = testserver.StartIn(t, backup, big)
 	restoredHost := srv.URL[len("http://"):]
 	addr.Store(&restoredHost)
-	testserver.WaitFor(t, time.Minute, "the restored store's snapshot applied", func() bool { return v.Head() == res.Sequence-1 })
+	// The hook runs after the verifier applied a message: the head can
+	// reach the snapshot's before the hook has seen its last message.
+	testserver.WaitFor(t, time.Minute, "the restored store's snapshot applied and its last message seen", func() bool {
+		head := v.Head()
+		mu.Lock()
+		defer mu.Unlock()
+		return head == res.Sequence-1 && len(seen) > 0 && !seen[len(seen)-1].Continues
+	})
 
 	mu.Lock()
 	defer mu.Unlock()
