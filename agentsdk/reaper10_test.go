@@ -47,6 +47,12 @@ func TestReaperHelperRogue(t *testing.T) {
 		os.Exit(0)
 	case "middle":
 		grandchild := exec.Command("sleep", "600")
+		if os.Getenv("TETHER_REAPER_LEADERLESS") == "1" {
+			// rogue41l: a grandchild whose main thread exits while
+			// another of its threads runs on (rogue41l_linux_test.go).
+			grandchild = exec.Command(os.Args[0], "-test.run=^$")
+			grandchild.Env = append(os.Environ(), "TETHER_REAPER_ROLE=leaderless")
+		}
 		if err := grandchild.Start(); err != nil {
 			os.Exit(4)
 		}

@@ -221,6 +221,11 @@ func TestRogue38HHelperLauncher(t *testing.T) {
 		Start: "v1", PollEvery: 20 * time.Millisecond, Instance: "host-1.looper", StateDir: os.Getenv("R38H_STATEDIR"),
 		Log: slog.New(slog.NewTextHandler(os.Stderr, nil)),
 	}
+	if os.Getenv("R41L_LEADERLESS") == "1" {
+		// rogue41l: an agent whose main thread exits while a thread of
+		// it runs on (rogue41l_linux_test.go).
+		cfg.Versions = []agentsdk.Version{{Name: "v1", Command: os.Args[0], Args: []string{"-test.run=^$"}, Env: []string{"TETHER_REAPER_ROLE=leaderless"}}}
+	}
 	if out := os.Getenv("R38H_PROBE_OUT"); out != "" {
 		cfg.Name, cfg.Instance = "prober", ""
 		cfg.Versions = []agentsdk.Version{{Name: "v1", Command: os.Args[0], Args: []string{"-test.run=^TestRogue38HHelperAgent$"}, Env: []string{"R38H_AGENT_OUT=" + out}}}

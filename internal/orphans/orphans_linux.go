@@ -143,8 +143,13 @@ func Sweep(w Watch, deadline time.Time) error {
 }
 
 type procStat struct {
-	ppid   int
-	start  uint64
+	ppid  int
+	start uint64
+	// zombie: the process has exited, every thread of it. Its stat
+	// says its leader's state: a process whose main thread exited
+	// (exit, not exit_group) while another thread runs on says Z, and
+	// lives — signalled, the whole thread group dies; never reaped until
+	// then (rogue41l test).
 	zombie bool
 }
 
@@ -171,7 +176,31 @@ func readStat(pid int) (procStat, bool) {
 	if err1 != nil || err2 != nil {
 		return procStat{}, false
 	}
-	return procStat{ppid: ppid, start: start, zombie: f[0] == "Z"}, true
+	return procStat{ppid: ppid, start: start, zombie: f[0] == "Z" && !threadRunsOn(pid)}, true
+}
+
+// threadRunsOn reports whether a thread of process pid, whose leader is a
+// zombie, has not exited: the process lives on without its main thread.
+func threadRunsOn(pid int) bool {
+	dir := "/proc/" + strconv.Itoa(pid) + "/task"
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return false
+	}
+	for _, e := range ents {
+		if e.Name() == strconv.Itoa(pid) {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X' {
+			return true
+		}
+	}
+	return false
 }
 
 // readProcs reads every process's stat.
