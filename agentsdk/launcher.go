@@ -86,7 +86,10 @@ type LauncherConfig struct {
 	Stdout, Stderr io.Writer
 	Log            *slog.Logger
 	// Clock times the pauses between restarts of an agent that dies
-	// unasked (MinRestartBackoff); nil means WallClock.
+	// unasked (MinRestartBackoff), and the KillGrace between the SIGTERM
+	// and the SIGKILL of a process its node's stop left running; nil means
+	// WallClock. (The waits for the kernel to end and reap processes are
+	// on the wall clock.)
 	Clock Clock
 	// Instance, when set, names this launcher among its own successive
 	// runs (e.g. "host-1.planner"; a label value: letters, digits, '.',
@@ -470,9 +473,9 @@ func (l *Launcher) step(ctx context.Context) error {
 			// the process runs on); a process still running has no
 			// credential left. Stop it.
 			if p.terminatedAt.IsZero() {
-				p.terminatedAt = time.Now()
+				p.terminatedAt = l.cfg.Clock.Now()
 				signalGroup(p.cmd, syscall.SIGTERM)
-			} else if time.Since(p.terminatedAt) > l.cfg.KillGrace {
+			} else if l.cfg.Clock.Now().Sub(p.terminatedAt) > l.cfg.KillGrace {
 				signalGroup(p.cmd, syscall.SIGKILL)
 			}
 		}
@@ -679,6 +682,11 @@ func (l *Launcher) launch(ctx context.Context, version string) error {
 	}
 	ownGroup(cmd)
 	runAs(cmd, v.RunAs)
+	// On Linux the launcher's process adopts orphans from before the
+	// agent starts (adoptOrphans): adopted only once it had started, an
+	// agent's setsid and double fork done at once could leave its escapee
+	// to init, out of the sweep's reach, on the program's first launch.
+	adoptOrphans()
 	err = cmd.Start()
 	for _, f := range closeAfterStart {
 		_ = f.Close()

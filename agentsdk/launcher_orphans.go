@@ -20,6 +20,11 @@ type orphanWatch struct {
 
 // watchOrphans is called right after the agent's process pid started (and
 // before it is waited for, so /proc/<pid> is there even if it exited).
+// adoptOrphans makes the program's process a subreaper (Linux, once):
+// before each start, so an agent's escapee is the launcher's from the
+// agent's first instruction. An error shows again at watchOrphans.
+func adoptOrphans() { _ = orphans.Adopt() }
+
 func watchOrphans(pid int) orphanWatch {
 	w := orphans.Start(pid)
 	if err := w.Err(); err != nil {
