@@ -226,20 +226,7 @@ func TestALauncherDoesNotConfirmAnExitWhileTheRoguesGrandchildLives(t *testing.T
 		b, err := os.ReadFile(filepath.Join(freezer, "freezer.state"))
 		return err == nil && strings.TrimSpace(string(b)) == "FROZEN"
 	})
-	// Let the agent exit.
-	f, err := os.OpenFile(gate, os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = f.Close()
-	testserver.WaitFor(t, 30*time.Second, "the launcher to confirm the exit or say what the rogue left is not proven gone", func() bool {
-		select {
-		case <-unproven.seen:
-			return true
-		default:
-			return getNode(t, admin, first).ExitConfirmedBy != ""
-		}
-	})
+	letTheAgentExit(t, gate, unproven, admin, first)
 	if !alive(pid) {
 		t.Fatalf("the frozen grandchild (pid %d) is gone", pid)
 	}
@@ -255,4 +242,24 @@ func TestALauncherDoesNotConfirmAnExitWhileTheRoguesGrandchildLives(t *testing.T
 	if alive(pid) {
 		t.Errorf("the launcher confirmed node %s's exit while the rogue's grandchild (pid %d) runs on", first, pid)
 	}
+}
+
+// letTheAgentExit opens the helper agent's gate (a FIFO it waits on before
+// it exits) and waits until the launcher confirms the agent's exit or
+// logs that what it left behind is not proven gone.
+func letTheAgentExit(t *testing.T, gate string, unproven *logSignal, admin *testserver.Clients, node string) {
+	t.Helper()
+	f, err := os.OpenFile(gate, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+	testserver.WaitFor(t, 30*time.Second, "the launcher to confirm the exit or say what the rogue left is not proven gone", func() bool {
+		select {
+		case <-unproven.seen:
+			return true
+		default:
+			return getNode(t, admin, node).ExitConfirmedBy != ""
+		}
+	})
 }

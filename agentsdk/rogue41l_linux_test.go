@@ -111,20 +111,7 @@ func TestRogue41LALeaderlessEscapeeIsKilledBeforeTheExitIsConfirmed(t *testing.T
 	testserver.WaitFor(t, 30*time.Second, "the grandchild's main thread to exit while a thread of it runs on", func() bool {
 		return !alive(pid) && liveThreads(pid) > 0
 	})
-	// Let the agent exit.
-	f, err := os.OpenFile(gate, os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = f.Close()
-	testserver.WaitFor(t, 30*time.Second, "the launcher to confirm the exit or say what the rogue left is not proven gone", func() bool {
-		select {
-		case <-unproven.seen:
-			return true
-		default:
-			return getNode(t, admin, first).ExitConfirmedBy != ""
-		}
-	})
+	letTheAgentExit(t, gate, unproven, admin, first)
 	if n := liveThreads(pid); n > 0 {
 		t.Errorf("after the rogue's exit the launcher's sweep ended with its grandchild (pid %d, main thread exited) still running: %d live threads", pid, n)
 	}
