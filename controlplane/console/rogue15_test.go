@@ -38,20 +38,7 @@ var evidenceRowNumber = regexp.MustCompile(`<tr class="d-[a-z]+(?: flagged)?"><t
 func TestARogueCannotPadItsJobsEvidencePastWhatTheConsoleShows(t *testing.T) {
 	w := newWorld(t)
 	ctx := context.Background()
-	worker := w.srv.Clients(w.creds["worker-1"]).Lease
-	got, err := worker.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: "job-1"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := got.Msg.Lease
-	for i := 0; i < evidencePad; i++ {
-		if _, err := worker.Progress(ctx, connect.NewRequest(&tetherv1.ProgressRequest{JobId: "job-1", LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration, ProgressSequence: uint64(2 + i), ProgressValue: strconv.Itoa(i)})); err != nil {
-			t.Fatalf("progress %d: %v", i, err)
-		}
-	}
-	if _, err := worker.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: "job-1", LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration + 7})); err != nil {
-		t.Fatal(err)
-	}
+	padEvidence(t, w, evidencePad)
 	// The job's rows as the server holds them, every page.
 	total, last := 0, uint64(0)
 	token := ""
@@ -183,3 +170,25 @@ var (
 	leasesMore = regexp.MustCompile(`<a href="([^"]+)" id="leases-more">`)
 	leasesNext = regexp.MustCompile(`<a href="(/ui/leases\?[^"]+)">more →</a>`)
 )
+
+// padEvidence has worker-1, job-1's holder, send n accepted progress
+// reports (a row each in the job's evidence) and then one acknowledgement
+// of a generation it was never given (a rejected row after the padding).
+func padEvidence(t *testing.T, w *world, n int) {
+	t.Helper()
+	ctx := context.Background()
+	worker := w.srv.Clients(w.creds["worker-1"]).Lease
+	got, err := worker.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: "job-1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := got.Msg.Lease
+	for i := 0; i < n; i++ {
+		if _, err := worker.Progress(ctx, connect.NewRequest(&tetherv1.ProgressRequest{JobId: "job-1", LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration, ProgressSequence: uint64(2 + i), ProgressValue: strconv.Itoa(i)})); err != nil {
+			t.Fatalf("progress %d: %v", i, err)
+		}
+	}
+	if _, err := worker.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: "job-1", LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration + 7})); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,14 +1,11 @@
 package console_test
 
 import (
-	"context"
 	"html"
 	"net/http"
 	"regexp"
 	"strconv"
 	"testing"
-
-	"connectrpc.com/connect"
 
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -36,21 +33,7 @@ var evidenceRead = regexp.MustCompile(`id="evidence-count">\d+ of (?:the )?(\d+)
 // rejected row after the padding.
 func TestRogue41KAnEvidencePageReadsAPageOfARoguesRows(t *testing.T) {
 	w := newWorld(t)
-	ctx := context.Background()
-	worker := w.srv.Clients(w.creds["worker-1"]).Lease
-	got, err := worker.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: "job-1"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := got.Msg.Lease
-	for i := 0; i < rogue41kPad; i++ {
-		if _, err := worker.Progress(ctx, connect.NewRequest(&tetherv1.ProgressRequest{JobId: "job-1", LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration, ProgressSequence: uint64(2 + i), ProgressValue: strconv.Itoa(i)})); err != nil {
-			t.Fatalf("progress %d: %v", i, err)
-		}
-	}
-	if _, err := worker.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: "job-1", LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration + 7})); err != nil {
-		t.Fatal(err)
-	}
+	padEvidence(t, w, rogue41kPad)
 
 	b := newBrowser(t, w.srv.URL)
 	b.signIn(w.token(t, tetherv1.Role_ROLE_VIEWER))
