@@ -48,15 +48,8 @@ func TestRogue40QBudgetRefusedCallOfANeverSessionedChildAfterItsParentsClaimIsLi
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			clk := clock.NewManual(epoch)
-			srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.RateLimit, cfg.RateBurst = 1, 40 })
-			admin := srv.AdminClients()
-			parent := register(t, admin, "rogue")
-			self := parent.Node.NodeId
-			asParent := srv.Clients(parent.Credential)
-			child := spawn(t, asParent, self, "child")
-			cid := child.Node.NodeId
-			grant := issueRoot(t, admin, cid, time.Hour, "tool:*")
-			gate := srv.Clients(srv.ToolServerToken(t, "resource-1"))
+			w := rogueParentOfANeverSessionedChild(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.RateLimit, cfg.RateBurst = 1, 40 })
+			srv, admin, self, asParent, cid, grant, gate := w.srv, w.admin, w.self, w.asParent, w.cid, w.grant, w.gate
 			sess, err := openSession(t, asParent, self)
 			if err != nil {
 				t.Fatal(err)
@@ -120,5 +113,33 @@ func parentsClaimWeighed(t *testing.T, pn *tetherv1.RecordNode, childID string, 
 	if pn.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED || !strings.Contains(pn.UnaccountedReason, childID) || !strings.Contains(pn.UnaccountedReason, "after this node's claim") {
 		t.Fatalf("record: the parent %s (confirmed by %q, reason %q), want unaccounted: %s",
 			pn.Outcome, pn.ConfirmedBy, pn.UnaccountedReason, whyUnaccounted)
+	}
+}
+
+// neverSessionedChildWorld is a server with a rogue parent an operator
+// registered (self) and its child (cid) that never opens a session,
+// holding an operator-issued root grant of tool:* for an hour, and the
+// clients of a tool server at gate resource-1.
+type neverSessionedChildWorld struct {
+	srv             *testserver.Server
+	admin, asParent *testserver.Clients
+	gate            *testserver.Clients
+	self, cid       string
+	grant           held
+}
+
+func rogueParentOfANeverSessionedChild(t *testing.T, opts ...testserver.Option) neverSessionedChildWorld {
+	t.Helper()
+	srv := testserver.Start(t, opts...)
+	admin := srv.AdminClients()
+	parent := register(t, admin, "rogue")
+	self := parent.Node.NodeId
+	asParent := srv.Clients(parent.Credential)
+	child := spawn(t, asParent, self, "child")
+	cid := child.Node.NodeId
+	return neverSessionedChildWorld{
+		srv: srv, admin: admin, asParent: asParent, self: self, cid: cid,
+		grant: issueRoot(t, admin, cid, time.Hour, "tool:*"),
+		gate:  srv.Clients(srv.ToolServerToken(t, "resource-1")),
 	}
 }

@@ -52,15 +52,8 @@ func TestRogue41DBudgetRefusedSeenReportOfADrainingNeverSessionedChildAfterItsPa
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			clk := clock.NewManual(epoch)
-			srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.RateLimit, cfg.RateBurst = 1, 40 })
-			admin := srv.AdminClients()
-			parent := register(t, admin, "rogue")
-			self := parent.Node.NodeId
-			asParent := srv.Clients(parent.Credential)
-			child := spawn(t, asParent, self, "child")
-			cid := child.Node.NodeId
-			grant := issueRoot(t, admin, cid, time.Hour, "tool:*")
-			gate := srv.Clients(srv.ToolServerToken(t, "resource-1"))
+			w := rogueParentOfANeverSessionedChild(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.RateLimit, cfg.RateBurst = 1, 40 })
+			srv, admin, self, asParent, cid, grant, gate := w.srv, w.admin, w.self, w.asParent, w.cid, w.grant, w.gate
 			held, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: grant.token, Tool: "shell", GateId: "resource-1"}))
 			if err != nil {
 				t.Fatal(err)
@@ -140,15 +133,8 @@ func TestRogue41DSeenReportLandingAfterItsGrantsRevocationIsLifeAfterTheParentsC
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			clk := clock.NewManual(epoch)
-			srv := testserver.Start(t, testserver.WithClock(clk))
-			admin := srv.AdminClients()
-			parent := register(t, admin, "rogue")
-			self := parent.Node.NodeId
-			asParent := srv.Clients(parent.Credential)
-			child := spawn(t, asParent, self, "child")
-			cid := child.Node.NodeId
-			grant := issueRoot(t, admin, cid, time.Hour, "tool:*")
-			gate := srv.Clients(srv.ToolServerToken(t, "resource-1"))
+			w := rogueParentOfANeverSessionedChild(t, testserver.WithClock(clk))
+			srv, admin, self, asParent, cid, grant, gate := w.srv, w.admin, w.self, w.asParent, w.cid, w.grant, w.gate
 			sess, err := openSession(t, asParent, self)
 			if err != nil {
 				t.Fatal(err)
