@@ -31,17 +31,27 @@ func TestRogue40CAHoldersFinishedJobsDoNotMakeEachPageCopyThemAll(t *testing.T) 
 		shards   = 3 // start's
 	)
 	h, jobs := holderWithFinishedJobs(t, "r40c", finished)
-	ctx := context.Background()
-
-	bound := func(what string, limit int, before int64) {
+	pageThroughHoldersJobs(t, h, jobs, func(what string, _, limit int, page func()) {
 		t.Helper()
+		before := h.c.ListCopies()
+		page()
 		if copies := h.c.ListCopies() - before; copies > int64(shards*(limit+1)) {
 			t.Fatalf("%s (a page of %d) copied %d of the holder's %d finished jobs on the shards, want at most %d (limit + 1 per shard)",
 				what, limit, copies, finished, shards*(limit+1))
 		}
-	}
+	})
+}
 
-	// ListLeases of the holder, a page of one, then pages of 50.
+// pageThroughHoldersJobs reads holder w1's jobs (holderWithFinishedJobs)
+// every way a page of them is asked for — ListLeases' pages of one, then
+// of 50; a rollout handover's first page of w1's and w2's (ListHeldBy);
+// a termination record's pages of 10 (FinalizeHeldByPage) — checks that
+// the List and the record pages each list every job once, in order, and
+// has measure run each page: what it is, how many holders it names, its
+// limit.
+func pageThroughHoldersJobs(t *testing.T, h *harness, jobs []string, measure func(what string, holders, limit int, page func())) {
+	t.Helper()
+	ctx := context.Background()
 	var listed []string
 	after := ""
 	for page := 0; ; page++ {
@@ -49,12 +59,14 @@ func TestRogue40CAHoldersFinishedJobsDoNotMakeEachPageCopyThemAll(t *testing.T) 
 		if page >= 3 {
 			limit = 50
 		}
-		before := h.c.ListCopies()
-		ls, next, err := h.c.List(ctx, "w1", after, limit)
-		if err != nil {
-			t.Fatal(err)
-		}
-		bound(fmt.Sprintf("List page %d", page), limit, before)
+		var ls []lease.Lease
+		var next string
+		measure(fmt.Sprintf("List page %d", page), 1, limit, func() {
+			var err error
+			if ls, next, err = h.c.List(ctx, "w1", after, limit); err != nil {
+				t.Fatal(err)
+			}
+		})
 		for _, l := range ls {
 			listed = append(listed, l.JobID)
 		}
@@ -67,23 +79,23 @@ func TestRogue40CAHoldersFinishedJobsDoNotMakeEachPageCopyThemAll(t *testing.T) 
 		t.Fatalf("List's pages list %d jobs %v…, want the holder's %d in order", len(listed), listed[:min(5, len(listed))], len(jobs))
 	}
 
-	// A rollout's handover lists the batch's members' leases.
-	before := h.c.ListCopies()
-	ls, _, err := h.c.ListHeldBy(ctx, []string{"w1", "w2"}, "", 1)
-	if err != nil || len(ls) != 1 || ls[0].JobID != jobs[0] {
-		t.Fatalf("ListHeldBy's first page: %d leases (%v), want %s", len(ls), err, jobs[0])
-	}
-	bound("ListHeldBy", 1, before)
+	measure("ListHeldBy", 2, 1, func() {
+		ls, _, err := h.c.ListHeldBy(ctx, []string{"w1", "w2"}, "", 1)
+		if err != nil || len(ls) != 1 || ls[0].JobID != jobs[0] {
+			t.Fatalf("ListHeldBy's first page: %d leases (%v), want %s", len(ls), err, jobs[0])
+		}
+	})
 
-	// A termination's record of the holder's jobs, in pages of 10.
 	listed, after = nil, ""
 	for {
-		before := h.c.ListCopies()
-		ls, more, err := h.c.FinalizeHeldByPage(ctx, []string{"w1"}, "stopped", after, 10)
-		if err != nil {
-			t.Fatal(err)
-		}
-		bound("FinalizeHeldByPage", 10, before)
+		var ls []lease.Lease
+		var more bool
+		measure("FinalizeHeldByPage", 1, 10, func() {
+			var err error
+			if ls, more, err = h.c.FinalizeHeldByPage(ctx, []string{"w1"}, "stopped", after, 10); err != nil {
+				t.Fatal(err)
+			}
+		})
 		for _, l := range ls {
 			if l.TerminalResult != lease.ResultSuccess {
 				t.Fatalf("job %s finished SUCCESS is %s after the record", l.JobID, l.TerminalResult)
