@@ -9,6 +9,7 @@ message, which says it does not continue."""
 from __future__ import annotations
 
 import shutil
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -141,6 +142,15 @@ class CountingPeer(LoopbackPeer):
             def finish(self):
                 try:
                     super().finish()
+                    if close_after and self.close_connection:
+                        # The server closes the socket only after finish
+                        # returns: its end is sent here, before the test
+                        # hears it is closed and calls again (else the
+                        # next call could go out on it first).
+                        try:
+                            self.connection.shutdown(socket.SHUT_RDWR)
+                        except OSError:
+                            pass
                 finally:
                     with peer.lock:
                         peer.open_now -= 1
