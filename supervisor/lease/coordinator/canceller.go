@@ -20,8 +20,14 @@ import (
 // it, or, past the first applyWindow of jobs, some commits later): each
 // request is made only if one of holders still holds the job when it is
 // judged, so a stop never halts the work of the agent the job moved to.
+//
+// Only the holders' open jobs are listed (each shard's index of them):
+// their finished ones, which stay under them for ever, have nothing to
+// cancel. Until the forty-second pass every job a holder ever held was
+// walked, on the goroutine that judges every tree's jobs on its shard,
+// and judged again, for each chunk of a stop's members (rogue42b test).
 func (c *Coordinator) CancelHeldBy(ctx context.Context, holders []string, reason string) error {
-	jobs, err := c.heldBy(ctx, holders, "", 0)
+	jobs, err := c.heldBy(ctx, holders, "", 0, true)
 	if err != nil {
 		return err
 	}
@@ -134,7 +140,7 @@ func (c *Coordinator) FinalizeHeldBy(ctx context.Context, holders []string, reas
 func (c *Coordinator) FinalizeHeldByPage(ctx context.Context, holders []string, reason, after string, limit int) (leases []lease.Lease, more bool, err error) {
 	held := holderSet(holders)
 	for {
-		jobs, err := c.heldBy(ctx, holders, after, limit)
+		jobs, err := c.heldBy(ctx, holders, after, limit, false)
 		if err != nil {
 			return nil, false, err
 		}

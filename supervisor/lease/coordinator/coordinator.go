@@ -1102,8 +1102,10 @@ func (c *Coordinator) nextUnknown() uint64 {
 // order: with a limit, at least the first limit + 1 of them (each shard
 // visits, in its ordered index, each holder's first limit + 1 after the
 // start), so that a page of a holder's jobs costs a page, not every job it
-// ever held after the page's start.
-func (c *Coordinator) heldBy(ctx context.Context, holders []string, after string, limit int) ([]string, error) {
+// ever held after the page's start. openOnly lists only the jobs whose
+// current lease is open (not terminal), from each shard's index of those:
+// a holder's finished jobs are not visited at all.
+func (c *Coordinator) heldBy(ctx context.Context, holders []string, after string, limit int, openOnly bool) ([]string, error) {
 	set := holderSet(holders)
 	type part struct {
 		jobs []string
@@ -1111,7 +1113,7 @@ func (c *Coordinator) heldBy(ctx context.Context, holders []string, after string
 	}
 	ch := make(chan part, len(c.shards))
 	for _, s := range c.shards {
-		c.send(s, op{kind: opHeldBy, holders: set, after: after, limit: limit, jobs: func(jobs []string, err error) { ch <- part{jobs, err} }})
+		c.send(s, op{kind: opHeldBy, holders: set, after: after, limit: limit, openOnly: openOnly, jobs: func(jobs []string, err error) { ch <- part{jobs, err} }})
 	}
 	var jobs []string
 	for range c.shards {

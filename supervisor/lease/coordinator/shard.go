@@ -16,7 +16,7 @@ const (
 	opCompute                   // judge what compute derives from the current lease
 	opGet                       // read the durable lease
 	opList                      // list durable leases
-	opHeldBy                    // ids of jobs whose current lease a holder holds
+	opHeldBy                    // ids of jobs whose current lease a holder holds (openOnly: of the open ones)
 	opCount                     // count a holder's durable leases by state
 )
 
@@ -36,6 +36,8 @@ type op struct {
 	holders map[string]bool
 	jobs    func([]string, error)
 	counts  func(map[lease.State]int, error)
+	// openOnly: an opHeldBy of the jobs whose current lease is open.
+	openOnly bool
 	// bounded: the message is judged within the bounds on open leases
 	// (ApplyBounded), its holder counted under account; holderOnly: held
 	// to the bound per holder only (ApplyHolderBounded).
@@ -86,6 +88,9 @@ type entry struct {
 	// its pending lease's holder (setPending), so that a judgement, the
 	// renewals' hot path, needs no search of the holder's jobs to know.
 	inJudged bool
+	// inOpenJudged: the entry is filed in its shard's openJudged index
+	// (its pending lease is open), under that lease's holder.
+	inOpenJudged bool
 }
 
 // batch is the writes of the messages a shard judged since its last
@@ -166,9 +171,15 @@ type shard struct {
 	// lease (setPending keeps it), so that a termination's cancel and
 	// finalize of its nodes' leases (opHeldBy) read those nodes' jobs,
 	// not every job of every tree, terminal ones included.
-	judged    holderIndex
-	deadlines lease.DeadlineQueue
-	recover   []lease.Recover
+	judged holderIndex
+	// openJudged indexes, of them, the jobs whose judged lease is open
+	// (not terminal), by its holder (setPending keeps it), so that a
+	// termination's cancel requests (CancelHeldBy: opHeldBy with open)
+	// read the few jobs its nodes may still be working on, not every job
+	// they ever finished, which stay under them in judged for ever.
+	openJudged holderIndex
+	deadlines  lease.DeadlineQueue
+	recover    []lease.Recover
 
 	// The commit pipeline: building collects what is being judged;
 	// sealed are batches judged before it, closed when they reached
@@ -217,6 +228,7 @@ func (s *shard) reset(term uint64) {
 	s.held = make(holderIndex)
 	s.heldStates = make(map[string]map[lease.State]int)
 	s.judged = make(holderIndex)
+	s.openJudged = make(holderIndex)
 	s.deadlines = lease.DeadlineQueue{}
 	s.recover = nil
 	s.building, s.sealed, s.inflight = nil, nil, nil
@@ -276,14 +288,24 @@ func (s *shard) countHeld(l lease.Lease, n int) {
 	}
 }
 
-// setPending makes l e's judged lease and keeps the index by its holder.
-// Every job in leases is in the index under its judged lease's holder
-// (an empty one included), so opHeldBy finds exactly the jobs a walk of
-// leases would.
+// setPending makes l e's judged lease and keeps the indexes by its holder.
+// Every job in leases is in judged under its judged lease's holder (an
+// empty one included), so opHeldBy finds exactly the jobs a walk of leases
+// would; and every job whose judged lease is open is in openJudged under
+// that holder, so an opHeldBy of open jobs finds exactly the open ones.
 func (s *shard) setPending(e *entry, l lease.Lease) {
 	s.c.open.move(e, l)
 	before, indexed := e.pending.HolderIdentity, e.inJudged
 	e.pending = l
+	isOpen := open(l)
+	if e.inOpenJudged && (!isOpen || before != l.HolderIdentity) {
+		s.openJudged.remove(before, e)
+		e.inOpenJudged = false
+	}
+	if isOpen && !e.inOpenJudged {
+		s.openJudged.add(l.HolderIdentity, e)
+		e.inOpenJudged = true
+	}
 	if indexed && before == l.HolderIdentity {
 		return
 	}
@@ -566,9 +588,13 @@ func (s *shard) handle(o op) {
 	case opHeldBy:
 		keep := pageKeep(o.limit)
 		first := newFirstJobs(keep, func(job string) string { return job })
+		index := s.judged
+		if o.openOnly {
+			index = s.openJudged
+		}
 		for holder := range o.holders {
 			kept := 0
-			for e := range s.judged.after(holder, o.after) {
+			for e := range index.after(holder, o.after) {
 				s.c.listWalks.Add(1)
 				if e.pending.HolderIdentity != holder {
 					continue
