@@ -2,7 +2,8 @@ import { Code, ConnectError } from "@connectrpc/connect";
 
 import { Conn, MaxReconnectHintMs, retryHintMs, stretched, waitBy, type DialOptions } from "./conn.js";
 import { StopSignalled } from "./errors.js";
-import type { Node, SessionRequest, SessionResponse, SessionSignal } from "./gen/tether/v1/agent_pb.js";
+import { compactJWS, MaxTokenBytes } from "./capability.js";
+import type { Node, SessionCredential, SessionRequest, SessionResponse, SessionSignal } from "./gen/tether/v1/agent_pb.js";
 import { SignalKind } from "./gen/tether/v1/agent_pb.js";
 import type { Grant as GrantMessage } from "./gen/tether/v1/capability_pb.js";
 import type { StopProposal } from "./gen/tether/v1/proposal_pb.js";
@@ -427,10 +428,7 @@ export class Agent {
     this.#beating = beating;
     try {
       const resp = await this.conn.agent.heartbeat({ nodeId: this.#node.nodeId }, { signal });
-      if (resp.credential?.credential) {
-        this.conn.setToken(resp.credential.credential);
-        this.#credentialExpiresAt = dateOf(resp.credential.expiresAt);
-      }
+      if (resp.credential) this.#refreshed(resp.credential);
       if (resp.signal) this.#handle(resp.signal);
       return undefined;
     } catch (err) {
@@ -439,6 +437,33 @@ export class Agent {
       if (this.#beating === beating) this.#beating = undefined;
       beaten();
     }
+  }
+
+  /**
+   * Takes the refreshed credential an answer carries (a session's message,
+   * a heartbeat's answer) when it has a credential's shape, a compact JWS
+   * within {@link MaxTokenBytes}, as the Go SDK's Agent does; the agent's
+   * own is kept otherwise, and the run's warn told (the credential itself
+   * not quoted). The connection took any text: an element on the path (a
+   * proxy's, a hostile peer's) that handed the agent an empty credential,
+   * or one with a space or a line break, had the SDK refuse its own next
+   * session unauthenticated and abort the agent, a stop nobody ordered; one
+   * past the control plane's bound (its parsers', or its 64 KiB of
+   * headers) failed every later session, in the process or at the server,
+   * or had the control plane refuse it, for good once the path was honest
+   * again: the agent never heard its stop, or aborted itself (rogue42G
+   * test).
+   */
+  #refreshed(c: SessionCredential): void {
+    if (c.credential === "") return;
+    if (!compactJWS(c.credential)) {
+      this.#warn?.(
+        `tether: an answer carried a refreshed credential that is not a compact JWS within ${MaxTokenBytes} bytes (${c.credential.length} characters); the agent keeps its own`,
+      );
+      return;
+    }
+    this.conn.setToken(c.credential);
+    this.#credentialExpiresAt = dateOf(c.expiresAt);
   }
 
   async #session(options: RunOptions, session: { opened: boolean }): Promise<void> {
@@ -479,8 +504,7 @@ export class Agent {
             this.#handle(msg.kind.value);
             break;
           case "credential":
-            this.conn.setToken(msg.kind.value.credential);
-            this.#credentialExpiresAt = dateOf(msg.kind.value.expiresAt);
+            this.#refreshed(msg.kind.value);
             break;
         }
       }
