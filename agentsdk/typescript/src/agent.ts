@@ -82,6 +82,9 @@ export interface RunOptions {
  */
 export class Agent {
   readonly conn: Conn;
+  // Its identity, for good (the Go SDK's Agent.id): every call names it,
+  // and a session's opened message refreshes #node only when it names it.
+  readonly #id: string;
   #node: Node;
   #drain = new AbortController();
   #abort = new AbortController();
@@ -111,6 +114,7 @@ export class Agent {
 
   private constructor(conn: Conn, node: Node, credentialExpiresAt?: Date) {
     this.conn = conn;
+    this.#id = node.nodeId;
     this.#node = node;
     this.#credentialExpiresAt = credentialExpiresAt;
     this.#opened = new Promise((resolve) => (this.#markOpened = resolve));
@@ -144,7 +148,7 @@ export class Agent {
   }
 
   get nodeId(): string {
-    return this.#node.nodeId;
+    return this.#id;
   }
 
   /** The agent's current credential (refreshed by the session). Never log it. */
@@ -427,7 +431,7 @@ export class Agent {
     const beating = new Promise<void>((resolve) => (beaten = resolve));
     this.#beating = beating;
     try {
-      const resp = await this.conn.agent.heartbeat({ nodeId: this.#node.nodeId }, { signal });
+      const resp = await this.conn.agent.heartbeat({ nodeId: this.#id }, { signal });
       if (resp.credential) this.#refreshed(resp.credential);
       if (resp.signal) this.#handle(resp.signal);
       return undefined;
@@ -472,7 +476,7 @@ export class Agent {
     const local = new AbortController();
     const stop = () => local.abort();
     options.signal?.addEventListener("abort", stop, { once: true });
-    requests.push({ kind: { case: "hello", value: { nodeId: this.#node.nodeId } } });
+    requests.push({ kind: { case: "hello", value: { nodeId: this.#id } } });
     const beat = setInterval(() => requests.push({ kind: { case: "heartbeat", value: {} } }), every);
     let ended!: () => void;
     let claimSent = false;
@@ -496,7 +500,13 @@ export class Agent {
       for await (const msg of this.conn.agent.session(requests, { signal: local.signal }) as AsyncIterable<SessionResponse>) {
         switch (msg.kind.case) {
           case "opened":
-            if (msg.kind.value.node) this.#node = msg.kind.value.node;
+            // The node as the control plane stored it, when it names this
+            // node: taken whole, one naming another node (or none) had
+            // the agent ask as that node from then on, its next session
+            // refused permission_denied and the agent aborted on it, a
+            // stop nobody ordered (rogue42G test; the Python SDK's,
+            // rogue40H).
+            if (msg.kind.value.node?.nodeId === this.#id) this.#node = msg.kind.value.node;
             session.opened = true;
             this.#markOpened();
             break;
@@ -524,7 +534,7 @@ export class Agent {
 
   /** Registers a child under this agent. Refused once the agent is draining or aborting. */
   async spawn(name: string, labels: Record<string, string> = {}): Promise<Child> {
-    const resp = await this.conn.agent.spawn({ parentNodeId: this.#node.nodeId, name, labels });
+    const resp = await this.conn.agent.spawn({ parentNodeId: this.#id, name, labels });
     if (!resp.node) throw new Error("tether: Spawn answered without a node");
     return printedWithout({ node: resp.node, credential: resp.credential }, "credential");
   }
@@ -550,7 +560,7 @@ export class Agent {
     if (this.#beating !== undefined) await this.#beating;
     const live = this.#live;
     if (live === undefined) {
-      await this.conn.agent.confirmExit({ nodeId: this.#node.nodeId, reason });
+      await this.conn.agent.confirmExit({ nodeId: this.#id, reason });
       return;
     }
     live.claim(reason);
@@ -584,12 +594,12 @@ export class Agent {
    */
   async #claimAgainUnlessStored(live: { claimed: boolean }, reason: string): Promise<void> {
     if (live.claimed) return;
-    await this.conn.agent.confirmExit({ nodeId: this.#node.nodeId, reason });
+    await this.conn.agent.confirmExit({ nodeId: this.#id, reason });
   }
 
   /** Proposes the agent's own stop; the control plane decides. */
   async proposeStop(condition: string, reason: string): Promise<StopProposal | undefined> {
-    const resp = await this.conn.agent.proposeStop({ nodeId: this.#node.nodeId, condition, reason });
+    const resp = await this.conn.agent.proposeStop({ nodeId: this.#id, condition, reason });
     return resp.proposal;
   }
 
@@ -626,7 +636,7 @@ export class Agent {
   }
 
   toString(): string {
-    return `${this.#node.name} (${this.#node.nodeId})`;
+    return `${this.#node.name} (${this.#id})`;
   }
 }
 
