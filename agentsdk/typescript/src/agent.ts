@@ -2,7 +2,8 @@ import { Code, ConnectError } from "@connectrpc/connect";
 
 import { Conn, MaxReconnectHintMs, retryHintMs, stretched, waitBy, type DialOptions } from "./conn.js";
 import { StopSignalled } from "./errors.js";
-import type { Node, SessionRequest, SessionResponse, SessionSignal } from "./gen/tether/v1/agent_pb.js";
+import { compactJWS, MaxTokenBytes } from "./capability.js";
+import type { Node, SessionCredential, SessionRequest, SessionResponse, SessionSignal } from "./gen/tether/v1/agent_pb.js";
 import { SignalKind } from "./gen/tether/v1/agent_pb.js";
 import type { Grant as GrantMessage } from "./gen/tether/v1/capability_pb.js";
 import type { StopProposal } from "./gen/tether/v1/proposal_pb.js";
@@ -81,6 +82,9 @@ export interface RunOptions {
  */
 export class Agent {
   readonly conn: Conn;
+  // Its identity, for good (the Go SDK's Agent.id): every call names it,
+  // and a session's opened message refreshes #node only when it names it.
+  readonly #id: string;
   #node: Node;
   #drain = new AbortController();
   #abort = new AbortController();
@@ -110,6 +114,7 @@ export class Agent {
 
   private constructor(conn: Conn, node: Node, credentialExpiresAt?: Date) {
     this.conn = conn;
+    this.#id = node.nodeId;
     this.#node = node;
     this.#credentialExpiresAt = credentialExpiresAt;
     this.#opened = new Promise((resolve) => (this.#markOpened = resolve));
@@ -143,7 +148,7 @@ export class Agent {
   }
 
   get nodeId(): string {
-    return this.#node.nodeId;
+    return this.#id;
   }
 
   /** The agent's current credential (refreshed by the session). Never log it. */
@@ -426,11 +431,8 @@ export class Agent {
     const beating = new Promise<void>((resolve) => (beaten = resolve));
     this.#beating = beating;
     try {
-      const resp = await this.conn.agent.heartbeat({ nodeId: this.#node.nodeId }, { signal });
-      if (resp.credential?.credential) {
-        this.conn.setToken(resp.credential.credential);
-        this.#credentialExpiresAt = dateOf(resp.credential.expiresAt);
-      }
+      const resp = await this.conn.agent.heartbeat({ nodeId: this.#id }, { signal });
+      if (resp.credential) this.#refreshed(resp.credential);
       if (resp.signal) this.#handle(resp.signal);
       return undefined;
     } catch (err) {
@@ -441,13 +443,40 @@ export class Agent {
     }
   }
 
+  /**
+   * Takes the refreshed credential an answer carries (a session's message,
+   * a heartbeat's answer) when it has a credential's shape, a compact JWS
+   * within {@link MaxTokenBytes}, as the Go SDK's Agent does; the agent's
+   * own is kept otherwise, and the run's warn told (the credential itself
+   * not quoted). The connection took any text: an element on the path (a
+   * proxy's, a hostile peer's) that handed the agent an empty credential,
+   * or one with a space or a line break, had the SDK refuse its own next
+   * session unauthenticated and abort the agent, a stop nobody ordered; one
+   * past the control plane's bound (its parsers', or its 64 KiB of
+   * headers) failed every later session, in the process or at the server,
+   * or had the control plane refuse it, for good once the path was honest
+   * again: the agent never heard its stop, or aborted itself (rogue42G
+   * test).
+   */
+  #refreshed(c: SessionCredential): void {
+    if (c.credential === "") return;
+    if (!compactJWS(c.credential)) {
+      this.#warn?.(
+        `tether: an answer carried a refreshed credential that is not a compact JWS within ${MaxTokenBytes} bytes (${c.credential.length} characters); the agent keeps its own`,
+      );
+      return;
+    }
+    this.conn.setToken(c.credential);
+    this.#credentialExpiresAt = dateOf(c.expiresAt);
+  }
+
   async #session(options: RunOptions, session: { opened: boolean }): Promise<void> {
     const every = options.heartbeatMs && options.heartbeatMs > 0 ? options.heartbeatMs : 5000;
     const requests = new AsyncQueue<MessageInitShape<typeof SessionRequestSchema>>();
     const local = new AbortController();
     const stop = () => local.abort();
     options.signal?.addEventListener("abort", stop, { once: true });
-    requests.push({ kind: { case: "hello", value: { nodeId: this.#node.nodeId } } });
+    requests.push({ kind: { case: "hello", value: { nodeId: this.#id } } });
     const beat = setInterval(() => requests.push({ kind: { case: "heartbeat", value: {} } }), every);
     let ended!: () => void;
     let claimSent = false;
@@ -471,7 +500,13 @@ export class Agent {
       for await (const msg of this.conn.agent.session(requests, { signal: local.signal }) as AsyncIterable<SessionResponse>) {
         switch (msg.kind.case) {
           case "opened":
-            if (msg.kind.value.node) this.#node = msg.kind.value.node;
+            // The node as the control plane stored it, when it names this
+            // node: taken whole, one naming another node (or none) had
+            // the agent ask as that node from then on, its next session
+            // refused permission_denied and the agent aborted on it, a
+            // stop nobody ordered (rogue42G test; the Python SDK's,
+            // rogue40H).
+            if (msg.kind.value.node?.nodeId === this.#id) this.#node = msg.kind.value.node;
             session.opened = true;
             this.#markOpened();
             break;
@@ -479,8 +514,7 @@ export class Agent {
             this.#handle(msg.kind.value);
             break;
           case "credential":
-            this.conn.setToken(msg.kind.value.credential);
-            this.#credentialExpiresAt = dateOf(msg.kind.value.expiresAt);
+            this.#refreshed(msg.kind.value);
             break;
         }
       }
@@ -500,7 +534,7 @@ export class Agent {
 
   /** Registers a child under this agent. Refused once the agent is draining or aborting. */
   async spawn(name: string, labels: Record<string, string> = {}): Promise<Child> {
-    const resp = await this.conn.agent.spawn({ parentNodeId: this.#node.nodeId, name, labels });
+    const resp = await this.conn.agent.spawn({ parentNodeId: this.#id, name, labels });
     if (!resp.node) throw new Error("tether: Spawn answered without a node");
     return printedWithout({ node: resp.node, credential: resp.credential }, "credential");
   }
@@ -526,7 +560,7 @@ export class Agent {
     if (this.#beating !== undefined) await this.#beating;
     const live = this.#live;
     if (live === undefined) {
-      await this.conn.agent.confirmExit({ nodeId: this.#node.nodeId, reason });
+      await this.conn.agent.confirmExit({ nodeId: this.#id, reason });
       return;
     }
     live.claim(reason);
@@ -560,12 +594,12 @@ export class Agent {
    */
   async #claimAgainUnlessStored(live: { claimed: boolean }, reason: string): Promise<void> {
     if (live.claimed) return;
-    await this.conn.agent.confirmExit({ nodeId: this.#node.nodeId, reason });
+    await this.conn.agent.confirmExit({ nodeId: this.#id, reason });
   }
 
   /** Proposes the agent's own stop; the control plane decides. */
   async proposeStop(condition: string, reason: string): Promise<StopProposal | undefined> {
-    const resp = await this.conn.agent.proposeStop({ nodeId: this.#node.nodeId, condition, reason });
+    const resp = await this.conn.agent.proposeStop({ nodeId: this.#id, condition, reason });
     return resp.proposal;
   }
 
@@ -602,7 +636,7 @@ export class Agent {
   }
 
   toString(): string {
-    return `${this.#node.name} (${this.#node.nodeId})`;
+    return `${this.#node.name} (${this.#id})`;
   }
 }
 

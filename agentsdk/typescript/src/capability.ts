@@ -33,6 +33,18 @@ export type TokenErrorKind =
   | "scope_not_granted"
   | "tree_not_followed";
 
+/**
+ * Whether token has a compact JWS's shape within {@link MaxTokenBytes}
+ * (the control plane's own parsers' bound, its credentials' as its
+ * capability tokens'): three segments of base64url characters, no
+ * signature checked, as the Go SDK's `capability.CompactJWS`. A token of
+ * any other shape is one no verifier of Tether's takes; one of this shape
+ * may still fail verification.
+ */
+export function compactJWS(token: string): boolean {
+  return typeof token === "string" && token !== "" && token.length <= MaxTokenBytes && token.split(".").length === 3 && /^[A-Za-z0-9_.-]*$/.test(token);
+}
+
 /** A refused token. The message names the grant or claim, never the token. */
 export class TokenError extends Error {
   override readonly name = "TokenError";
@@ -239,7 +251,7 @@ export function verifyToken(token: string, keys: KeyLookup, nowMs: number, optio
   if (leeway < 0 || leeway > MaxLeewayMs) throw new RangeError(`tether: leeway ${leeway} ms is outside [0, ${MaxLeewayMs}]`);
   if (typeof token !== "string" || token.length > MaxTokenBytes) throw new TokenError("token_too_large", `over ${MaxTokenBytes} bytes`);
   const parts = token.split(".");
-  if (parts.length !== 3 || !/^[A-Za-z0-9_.-]*$/.test(token)) throw new TokenError("token_malformed", "not a compact JWS (only base64url and '.' are allowed)");
+  if (!compactJWS(token)) throw new TokenError("token_malformed", "not a compact JWS (only base64url and '.' are allowed)");
   const header = parseObject(decodeSegment(parts[0], "header"), "header");
   const payload = decodeSegment(parts[1], "payload");
   const signature = decodeSegment(parts[2], "signature");

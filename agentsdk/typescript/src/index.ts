@@ -6,7 +6,7 @@ export { Conn, DefaultRetry, DefaultTimeoutMs, MaxMessageBytes, MaxReconnectHint
 export { Agent, CapabilityToken, type CapabilityTokenOptions, type Child, type Grant, type RunOptions, type Signal } from "./agent.js";
 export { ToolGate, CapabilityHeader, MaxEarlyOrders, gateCallId, tokenOf, type CallOptions, type TokenSource, type ToolGateOptions } from "./toolgate.js";
 export { Verifier, JwksPath, DefaultCacheSize, MaxCachedClaimBytes, MaxCachedTokensPerHolder, type Clock, type VerifierOptions } from "./verifier.js";
-export { allows, validScope, verifyToken, parseJwks, Audience, TokenError, type Claims, type TokenErrorKind } from "./capability.js";
+export { allows, validScope, verifyToken, parseJwks, compactJWS, Audience, MaxTokenBytes, TokenError, type Claims, type TokenErrorKind } from "./capability.js";
 export { Fence, Fenced, NoAuthority, UnissuedGeneration, issuedGenerations, HeaderJobId, HeaderLeaseGeneration, MaxJobIdBytes, type Authority, type FenceOptions, type GenerationCheck } from "./fence.js";
 export { LeaseWorker, Job, JobEnded, WorkerClosed, retryable, TerminalResult, type JobEndKind, type JobOptions, type LeaseWorkerOptions } from "./leaseworker.js";
 export { TetherScope, type ChildOptions } from "./scope.js";
