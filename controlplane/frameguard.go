@@ -216,10 +216,11 @@ const FramesPerRequest = 16
 // stream the peer opened and neither side has ended, each HEADERS and
 // CONTINUATION frame among them — of which the peer may send
 // ControlFrames ahead. It refills by what the connection carries — each
-// request on it the auth Gate judges (FramesPerRequest), each frame the server sends
-// that its peer answers (a PING, a SETTINGS), each DATA frame of its
-// answers of at least a KiB (a window update) — and by ControlFrameRate a
-// second, up to ControlFrames. A connection that has spent it is read no
+// request on it the auth Gate judges (FramesPerRequest), each frame the
+// server sends that its peer answers (a PING, a SETTINGS), each DATA frame
+// of its answers of a KiB or more and each KiB of smaller ones together (a
+// window update, EarnedDataBytes) — and by ControlFrameRate a second, up
+// to ControlFrames. A connection that has spent it is read no
 // further until it refills: slowed, never closed by it, so that a client
 // misjudged loses time, not its calls. Under g.mu.
 type frameBudget struct {
@@ -649,6 +650,9 @@ type ackFilter struct {
 	// earned: the frames the peer may send in answer to what passed
 	// (earns), for the frame budget.
 	earned int
+	// smallData: the bytes of the DATA frames under EarnedDataBytes that
+	// passed and have not earned a frame yet (earns).
+	smallData int
 	// ended: the streams the frames that passed ended (END_STREAM,
 	// RST_STREAM), for the frame budget (frameGuard.ended).
 	ended []uint32
@@ -660,7 +664,7 @@ type ackFilter struct {
 // saw notes a frame the server writes, from its header: what it earns,
 // the stream it ends, and the stream it gives window.
 func (f *ackFilter) saw(hdr []byte) {
-	f.earned += earns(hdr)
+	f.earned += f.earns(hdr)
 	switch hdr[3] {
 	case frameData, frameHeaders:
 		if hdr[4]&flagEndStream != 0 {
@@ -675,15 +679,38 @@ func (f *ackFilter) saw(hdr []byte) {
 	}
 }
 
+// EarnedDataBytes is how many bytes of the DATA frames the server writes
+// earn their peer's frame budget (ConnLimits.ControlFrames) one frame:
+// the window updates the peer sends for them. A DATA frame of at least
+// EarnedDataBytes earns one; smaller ones earn one for each
+// EarnedDataBytes of them together, on the connection. Until the
+// forty-second pass a frame under a KiB earned nothing, and an honest
+// client receiving many small answers on a stream (renews on a lease
+// Channel, a watch's messages) spent its connection's budget on the
+// window updates they drew (Go's HTTP/2 client sends one for the
+// connection and one for the stream every 4 KiB it reads): 2,000 renews
+// pipelined on one Channel left its connection read no further, its next
+// call waiting for the budget to refill by time. A peer earns no more a
+// byte than before: a frame the server writes, of whatever size, costs
+// the server more than the frame it earns, and its bytes are the peer's
+// to take (its window).
+const EarnedDataBytes = 1 << 10
+
 // earns is what a frame the server writes earns its peer's frame budget:
 // one for a PING or SETTINGS of the server's own (the peer acknowledges
-// it), one for a DATA frame of at least a KiB (the peer's window update).
-func earns(hdr []byte) int {
+// it); one for a DATA frame of at least EarnedDataBytes, and one for each
+// EarnedDataBytes of smaller ones together (the peer's window updates).
+func (f *ackFilter) earns(hdr []byte) int {
 	length := int(hdr[0])<<16 | int(hdr[1])<<8 | int(hdr[2])
 	switch {
-	case hdr[3] == frameData && length >= 1<<10,
+	case hdr[3] == frameData && length >= EarnedDataBytes,
 		(hdr[3] == framePing || hdr[3] == frameSettings) && hdr[4]&flagAck == 0:
 		return 1
+	case hdr[3] == frameData:
+		f.smallData += length
+		n := f.smallData / EarnedDataBytes
+		f.smallData %= EarnedDataBytes
+		return n
 	}
 	return 0
 }

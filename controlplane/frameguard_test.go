@@ -241,3 +241,42 @@ func TestRogue41AFrameGuardGivesAStreamsChargedDataFramesBackWithItsWindow(t *te
 		t.Fatalf("credit %v after %d more DATA frames following the stream's window, want %d (free again)", got, DataFramesPerWindowUpdate, burst-1)
 	}
 }
+
+// TestRogue42AAckFilterEarnsForSmallDataFramesByTheirBytes: the DATA
+// frames the server writes earn their peer's frame budget the window
+// updates they draw: one for a frame of EarnedDataBytes or more (as
+// before), and one for each EarnedDataBytes of smaller frames together,
+// which earned nothing until the forty-second pass. No frame earns more
+// than one, and empty ones earn nothing.
+func TestRogue42AAckFilterEarnsForSmallDataFramesByTheirBytes(t *testing.T) {
+	earned := func(frames ...int) int {
+		var wire bytes.Buffer
+		fr := http2.NewFramer(&wire, nil)
+		for _, n := range frames {
+			_ = fr.WriteData(1, false, make([]byte, n))
+		}
+		f := ackFilter{}
+		f.filter(wire.Bytes())
+		return f.earned
+	}
+	small := make([]int, 4*EarnedDataBytes/64) // 4 KiB in frames of 64 bytes
+	for i := range small {
+		small[i] = 64
+	}
+	for _, c := range []struct {
+		what   string
+		frames []int
+		want   int
+	}{
+		{"4 KiB in frames of 64 bytes", small, 4},
+		{"a frame of a KiB", []int{EarnedDataBytes}, 1},
+		{"a frame of 16 KiB", []int{MaxFrameBytes}, 1},
+		{"a KiB less a byte, then a byte", []int{EarnedDataBytes - 1, 1}, 1},
+		{"a KiB less a byte", []int{EarnedDataBytes - 1}, 0},
+		{"empty frames", []int{0, 0, 0}, 0},
+	} {
+		if got := earned(c.frames...); got != c.want {
+			t.Errorf("%s earned %d, want %d", c.what, got, c.want)
+		}
+	}
+}
