@@ -45,6 +45,11 @@ type index struct {
 	// every node only for the second (an operator's).
 	timedAt  map[string]int
 	timedSel int
+	// callTimeAt counts the rules on call time attached to each node,
+	// callTimeSel the selector rules on it: a tick keeps judging a node
+	// with calls open while its lineage has one (inEffectWhere).
+	callTimeAt  map[string]int
+	callTimeSel int
 	// subAt counts the rules reading the subtree's totals attached to each
 	// node, subSel the selector rules reading them: a descendant's call
 	// marks an ancestor when its lineage has one (markForSubtree).
@@ -114,6 +119,9 @@ type index struct {
 	tickVisits int
 	// subtreeLooks counts what markForSubtree looked at, for tests.
 	subtreeLooks int
+	// tickLooks counts what the last tick's markTimed looked at to learn
+	// which rules are in effect at the nodes it visited, for tests.
+	tickLooks int
 }
 
 // Run is the level-triggered evaluator. It watches the rules, the
@@ -484,7 +492,7 @@ const evaluateSlice = 256
 func (r *Rules) load(ctx context.Context) (*index, error) {
 	ix := &index{byNode: map[string][]*activeRule{}, selectors: map[string]*activeRule{}, byID: map[string]*activeRule{},
 		nodes: map[string]nodeInfo{}, children: map[string]map[string]bool{}, dirty: newFairQueue(), retry: map[string]bool{}, open: map[string]bool{},
-		judgedBelow: map[string]int{}, peaks: map[string]*subtreePeak{}, timedAt: map[string]int{}, subAt: map[string]int{},
+		judgedBelow: map[string]int{}, peaks: map[string]*subtreePeak{}, timedAt: map[string]int{}, callTimeAt: map[string]int{}, subAt: map[string]int{},
 		peakAt: map[string]int{}, peakStart: map[string]*pendingPeak{}, unseen: map[string]*pendingPeak{}, peakRisen: map[string]bool{}}
 	var rules []*Rule
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
@@ -698,6 +706,13 @@ func (r *Rules) putRule(ix *index, rule *Rule) {
 			ix.timedSel++
 		}
 	}
+	if a.compiled.UsesCallTime {
+		if rule.NodeID != "" {
+			ix.callTimeAt[rule.NodeID]++
+		} else {
+			ix.callTimeSel++
+		}
+	}
 	if a.compiled.UsesSubtree {
 		if rule.NodeID != "" {
 			ix.subAt[rule.NodeID]++
@@ -749,6 +764,9 @@ func (ix *index) removeRule(ruleID string) {
 	if a.polled() {
 		ix.timed--
 		uncount(ix.timedAt, &ix.timedSel, a.rule.NodeID)
+	}
+	if a.compiled.UsesCallTime {
+		uncount(ix.callTimeAt, &ix.callTimeSel, a.rule.NodeID)
 	}
 	if a.compiled.UsesSubtree {
 		uncount(ix.subAt, &ix.subSel, a.rule.NodeID)
@@ -830,9 +848,16 @@ func (ix *index) markTimed() {
 	// The nodes with calls open, for their rules on call time: a node is
 	// judged again each tick while its last evaluation found some open,
 	// not every node a rule on call time applies to.
+	//
+	// Whether a rule is in effect at a node is a lookup a level of its
+	// lineage (the rules counted by node), not a list of every rule in
+	// effect: a rogue that attached its allotment of cheap rules to each
+	// node of a chain had each tick list them all for each node below it,
+	// uncharged.
+	ix.tickLooks = 0
 	for id := range ix.open {
 		n, ok := ix.nodes[id]
-		if !ok || !slices.ContainsFunc(ix.inEffect(id, n), func(a *activeRule) bool { return a.compiled.UsesCallTime }) {
+		if !ok || !ix.inEffectWhere(id, n, ix.callTimeAt, ix.callTimeSel, func(a *activeRule) bool { return a.compiled.UsesCallTime }, &ix.tickLooks) {
 			delete(ix.open, id)
 			continue
 		}
@@ -869,13 +894,44 @@ func (ix *index) markTimed() {
 	}
 	for id, n := range ix.nodes {
 		ix.tickVisits++
-		for _, a := range ix.inEffect(id, n) {
-			if a.polled() {
-				ix.dirty.mark(rootOf(id, n.ancestors), id)
-				break
+		if ix.inEffectWhere(id, n, ix.timedAt, ix.timedSel, (*activeRule).polled, &ix.tickLooks) {
+			ix.dirty.mark(rootOf(id, n.ancestors), id)
+		}
+	}
+}
+
+// inEffectWhere reports whether a rule that is is in effect at node id:
+// one attached to it or an ancestor (at counts them by node: a lookup a
+// level), or, when sel counts some, a selector rule that is matching it.
+// It never lists the rules in effect along the lineage (inEffect): a
+// rogue's chain of descendants each given its allotment of rules would
+// have each call (markForSubtree) or each tick (markTimed) list them all.
+// looks, when not nil, counts what it looked at (for tests).
+func (ix *index) inEffectWhere(id string, n nodeInfo, at map[string]int, sel int, is func(*activeRule) bool, looks *int) bool {
+	look := func() {
+		if looks != nil {
+			*looks++
+		}
+	}
+	look()
+	if at[id] > 0 {
+		return true
+	}
+	for _, anc := range n.ancestors {
+		look()
+		if at[anc] > 0 {
+			return true
+		}
+	}
+	if sel > 0 {
+		for _, a := range ix.selectors {
+			look()
+			if is(a) && ix.selected(a, n) {
+				return true
 			}
 		}
 	}
+	return false
 }
 
 // take applies a batch from watch w or, when w has ended (ok false),
@@ -1015,28 +1071,7 @@ func (ix *index) deadOnArrival(rule *Rule, rev uint64) bool {
 // bottom make the evaluator list thousands, uncharged.
 func (ix *index) markForSubtree(id string) {
 	n, ok := ix.nodes[id]
-	if !ok {
-		return
-	}
-	reads := ix.subAt[id] > 0
-	ix.subtreeLooks++
-	for _, anc := range n.ancestors {
-		if reads {
-			break
-		}
-		ix.subtreeLooks++
-		reads = ix.subAt[anc] > 0
-	}
-	if !reads && ix.subSel > 0 {
-		for _, a := range ix.selectors {
-			ix.subtreeLooks++
-			if a.compiled.UsesSubtree && ix.selected(a, n) {
-				reads = true
-				break
-			}
-		}
-	}
-	if reads {
+	if ok && ix.inEffectWhere(id, n, ix.subAt, ix.subSel, func(a *activeRule) bool { return a.compiled.UsesSubtree }, &ix.subtreeLooks) {
 		ix.dirty.mark(rootOf(id, n.ancestors), id)
 	}
 }
@@ -1046,20 +1081,7 @@ func (ix *index) markForSubtree(id string) {
 // level), or a selector rule matching it.
 func (ix *index) readsPeak(id string) bool {
 	n, ok := ix.nodes[id]
-	if !ok {
-		return false
-	}
-	if ix.peakAt[id] > 0 || slices.ContainsFunc(n.ancestors, func(anc string) bool { return ix.peakAt[anc] > 0 }) {
-		return true
-	}
-	if ix.peakSel > 0 {
-		for _, a := range ix.selectors {
-			if a.compiled.UsesSubtreePeak && ix.selected(a, n) {
-				return true
-			}
-		}
-	}
-	return false
+	return ok && ix.inEffectWhere(id, n, ix.peakAt, ix.peakSel, func(a *activeRule) bool { return a.compiled.UsesSubtreePeak }, nil)
 }
 
 func (ix *index) markNode(id string) {
