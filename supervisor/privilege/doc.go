@@ -20,7 +20,10 @@
 // (AllowHooks), a node holds at most MaxPerNode live privileges of each
 // registrant's (and keeps as many expired ones listed), and the
 // revocations run in parallel off the reconciler's path, each bounded by
-// the termination's hook deadline, redirects never followed.
+// the termination's hook deadline, redirects never followed. The
+// revocations in flight are bounded (Concurrency), and an operator's
+// privileges are called before any agent registered: a rogue's hooks that
+// never answer hold no slot an operator's privilege waits for.
 //
 // Callers' duties:
 //   - Set AllowHooks from the operator's configuration (HookAllowFlag);

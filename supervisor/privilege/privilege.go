@@ -415,16 +415,38 @@ func (r *Privileges) dispatch(ctx context.Context, privs []Privilege, began, dea
 			return err
 		}
 	}
-	// The nodes in turn: the first privilege of each, then the second...
+	// Operators' privileges first, then agents': the revocations in flight
+	// are bounded (Concurrency), and a hook an agent chose may hang until
+	// the deadline. In the queue's order a rogue that spawned as many
+	// children as there are slots, each registering a privilege behind a
+	// hook that never answers, held every slot until the hook deadline,
+	// and an operator's privilege on a node after them in the order (a
+	// cloud credential of an honest agent deeper in the tree) was never
+	// called: left live, read revoke_failed (rogue42d test). Within each,
+	// the nodes in turn: the first privilege of each, then the second...
+	tiers := [2]map[string][]Privilege{{}, {}}
 	total := 0
-	for _, ps := range byNode {
+	for n, ps := range byNode {
+		for _, p := range ps {
+			tier := 1
+			if p.ByOperator {
+				tier = 0
+			}
+			tiers[tier][n] = append(tiers[tier][n], p)
+		}
 		total += len(ps)
 	}
 	queue := make([]Privilege, 0, total)
-	for i := 0; len(queue) < total; i++ {
-		for _, n := range order {
-			if i < len(byNode[n]) {
-				queue = append(queue, byNode[n][i])
+	for _, tier := range tiers {
+		n := len(queue)
+		for _, ps := range tier {
+			n += len(ps)
+		}
+		for i := 0; len(queue) < n; i++ {
+			for _, node := range order {
+				if i < len(tier[node]) {
+					queue = append(queue, tier[node][i])
+				}
 			}
 		}
 	}
