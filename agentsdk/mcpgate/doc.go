@@ -82,7 +82,7 @@
 // gateway hides them and logs why. Upstreams whose tool prefixes could
 // collide (one begins another) are refused, so that no upstream can take
 // another's tool name; a listing stops at MaxToolsPerUpstream tools,
-// MaxToolPages pages or MaxToolListBytes of tools. A stdio upstream gets the gateway's environment
+// MaxToolPages pages or MaxToolListBytes of tools and cursors. A stdio upstream gets the gateway's environment
 // without its TETHER_ variables (the gateway's and the agent's
 // credentials), plus its Env.
 //

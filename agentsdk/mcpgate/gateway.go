@@ -609,6 +609,19 @@ func (g *Gateway) refresh(ctx context.Context, up *upstream) error {
 		if err != nil {
 			return fmt.Errorf("mcpgate: list the tools of upstream %s: %w", up.cfg.Name, err)
 		}
+		// The SDK's client keeps each page it was answered (the 2026-07-28
+		// revision of MCP, SEP-2549's cache), the whole result under the
+		// cursor that asked for it, until the upstream says its tools
+		// changed or the connection ends: of a page, only its tools (where
+		// the SDK finds a tool's x-mcp-header parameters for its calls) and
+		// its cursor are the gateway's to keep, and both count against
+		// MaxToolListBytes. Bounded by its tools alone, a listing whose
+		// pages carried up to 16 MiB of _meta, cacheScope, resultType or
+		// cursor each had the gateway keep 256 of them, 4 GiB.
+		res.Meta, res.CacheScope, res.ResultType = nil, "", ""
+		if size += len(res.NextCursor); size > MaxToolListBytes {
+			return fmt.Errorf("mcpgate: upstream %s lists tools and cursors of more than %d bytes (as JSON), the most the gateway takes from one upstream", up.cfg.Name, MaxToolListBytes)
+		}
 		tools = append(tools, res.Tools...)
 		if len(tools) > MaxToolsPerUpstream {
 			return fmt.Errorf("mcpgate: upstream %s lists more than %d tools, the most the gateway takes from one upstream", up.cfg.Name, MaxToolsPerUpstream)
@@ -1359,6 +1372,8 @@ const (
 	// answer may hold (MaxUpstreamAnswerBytes). Each page may be that
 	// large, so bounded in tools and pages only, an upstream listing tools
 	// of a few hundred KiB each had the gateway keep up to 4 GiB of them,
-	// and encode them into every agent's tools/list.
+	// and encode them into every agent's tools/list. The listing's cursors
+	// count too: the SDK's client keeps each page under the cursor that
+	// asked for it (refresh).
 	MaxToolListBytes = MaxUpstreamAnswerBytes
 )
