@@ -380,22 +380,21 @@ func Supersedes(t, other Termination) bool {
 // TestRogue34GOwnApprovedDrainDoesNotHoldOffTheOperatorsRuleAbort).
 //
 // An agent's rule outranks nothing, but its setter is an authority over
-// its descendants' own stops: its abort takes a node over from the stop a
-// descendant of the setter requested (Supersedes: the setter is in its
-// lineage) when that stop does not abort, as the setter's own abort
-// would. Else a rogue below the setter held off the setter's rule by
-// draining the node first with a day's window: the rule's abort waited,
-// pending, for an operator while the node's calls ran on the rogue's day
-// (rogue42c test TestRogue42CDescendantsDrainDoesNotHoldOffItsAncestorsRuleAbort).
-// Only an abort: a drain over the descendant's drain would give the node
-// the rule's window afresh, a later deadline the node could choose to
-// earn by making the rule true.
+// its descendants' own stops: its stop takes a node over from the stop a
+// descendant of the setter requested as the setter's own would
+// (Supersedes: the setter is in its lineage; an abort anything, a drain a
+// drain), bound at the node by that stop's deadline (InheritAtRoot), so
+// never given the rule's window afresh. Else a rogue below the setter held
+// off the setter's rule by draining the node first with a day's window:
+// the rule's abort waited, pending, for an operator while the node's calls
+// ran on the rogue's day (rogue42c test
+// TestRogue42CDescendantsDrainDoesNotHoldOffItsAncestorsRuleAbort).
 func PolicyTakesOver(t, owner Termination) bool {
 	if owner.AgentWindows {
 		return Supersedes(t, owner)
 	}
 	if t.Rank() == RankAgent && owner.Rank() == RankAgent && t.requester() != owner.requester() {
-		return t.Mode == ModeAbort && !owner.Aborts() && Supersedes(t, owner)
+		return Supersedes(t, owner)
 	}
 	return t.Rank() > owner.Rank()
 }
