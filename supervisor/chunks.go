@@ -1107,7 +1107,11 @@ func (c *markChunk) discover(n *tree.Node) error {
 		t.SupersededBy = noteNamed(t.SupersededBy, owner.ID)
 	case ReachTakeOver:
 		e.Other, e.State = owner.ID, tree.StateName(n.State)
-		*t = Inherit(*t, owner)
+		if slices.Contains(t.RootIDs(), n.NodeID) {
+			*t = InheritAtRoot(*t, owner)
+		} else {
+			*t = Inherit(*t, owner)
+		}
 		t.Counts.TakenOver++
 		t.TookOverFrom = noteNamed(t.TookOverFrom, owner.ID)
 		if c.taken[owner.ID] == nil {

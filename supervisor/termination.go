@@ -378,8 +378,22 @@ func Supersedes(t, other Termination) bool {
 // approve its own drain with a day's window held off every abort the
 // operator's policy would start on it for that day (rogue34g test
 // TestRogue34GOwnApprovedDrainDoesNotHoldOffTheOperatorsRuleAbort).
+//
+// An agent's rule outranks nothing, but its setter is an authority over
+// its descendants' own stops: its stop takes a node over from the stop a
+// descendant of the setter requested as the setter's own would
+// (Supersedes: the setter is in its lineage; an abort anything, a drain a
+// drain), bound at the node by that stop's deadline (InheritAtRoot), so
+// never given the rule's window afresh. Else a rogue below the setter held
+// off the setter's rule by draining the node first with a day's window:
+// the rule's abort waited, pending, for an operator while the node's calls
+// ran on the rogue's day (rogue42c test
+// TestRogue42CDescendantsDrainDoesNotHoldOffItsAncestorsRuleAbort).
 func PolicyTakesOver(t, owner Termination) bool {
 	if owner.AgentWindows {
+		return Supersedes(t, owner)
+	}
+	if t.Rank() == RankAgent && owner.Rank() == RankAgent && t.requester() != owner.requester() {
 		return Supersedes(t, owner)
 	}
 	return t.Rank() > owner.Rank()
@@ -416,6 +430,33 @@ func Inherit(t, owner Termination) Termination {
 		t.CancelAckTimeout = min(t.CancelAckTimeout, owner.CancelAckTimeout)
 		t.ConfirmTimeout = min(t.ConfirmTimeout, owner.ConfirmTimeout)
 	}
+	return keepDeadline(t, owner)
+}
+
+// InheritAtRoot is what t keeps of owner's deadlines when it takes its
+// own root over from owner: what Inherit keeps and, for a stop the policy
+// started on its own (a stop rule's action, auto-approval: no one weighed
+// its timing, and a rule's condition may be the workload's to make true),
+// the deadline owner is waiting on whatever owner's authority. Its root's
+// whole subtree was owner's to stop by then, so owner's deadline holds
+// nothing of anyone outside owner's reach; else a worker its parent
+// drained with a second's window earned the policy's window afresh (half
+// a minute by default) by reporting a counter that made an operator's
+// drain rule true (rogue42c test
+// TestRogue42CMakingAnOperatorsDrainRuleTrueWinsTheWorkerNoTime), the
+// stretch the policy already refuses over an operator's own stop
+// (PolicyTakesOver). Below its root a policy's stop keeps Inherit's rule:
+// a descendant's stop binds no higher authority's stop of the rest.
+func InheritAtRoot(t, owner Termination) Termination {
+	t = Inherit(t, owner)
+	if !strings.HasPrefix(t.RequestedBy, PolicyDecider) {
+		return t
+	}
+	return keepDeadline(t, owner)
+}
+
+// keepDeadline keeps the deadline owner is waiting on in its phase.
+func keepDeadline(t, owner Termination) Termination {
 	// Only the bound owner is waiting on binds: a drain deadline once the
 	// drain is over (no call of owner's is left in flight) would turn t's
 	// drain of nodes that never had a bound into an abort.
