@@ -529,9 +529,25 @@ func (a *Agent) hasExited() bool {
 	return a.exited
 }
 
+// MaxUnansweredHeartbeats is how many of a session's heartbeats in a row
+// may go unanswered before the agent takes the session for dead, ends it
+// and opens another. The control plane answers each heartbeat (its
+// acknowledgement), so a session that carries none back for that many
+// intervals is stalled on the way (a proxy's, a hostile peer's): the
+// agent waited on such a stream for good, deaf to its node's stop once
+// the path was honest again (rogue42j test).
+const MaxUnansweredHeartbeats = 3
+
+// errSessionSilent ends a session whose heartbeats went unanswered.
+var errSessionSilent = connect.NewError(connect.CodeUnavailable, fmt.Errorf("agentsdk: the session carried nothing back for %d heartbeats; opening another", MaxUnansweredHeartbeats))
+
 func (a *Agent) session(ctx context.Context) (err error) {
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancelCause := context.WithCancelCause(ctx)
+	cancel := func() { cancelCause(nil) }
 	defer cancel()
+	// unanswered counts the heartbeats sent since the session last
+	// carried a message back.
+	var unanswered atomic.Int32
 	live := &liveSession{exit: make(chan string), done: make(chan struct{})}
 	a.mu.Lock()
 	if a.exited {
@@ -606,6 +622,11 @@ func (a *Agent) session(ctx context.Context) (err error) {
 				errc <- err
 				return
 			case <-ticker.C:
+				if unanswered.Add(1) > MaxUnansweredHeartbeats {
+					cancelCause(errSessionSilent)
+					errc <- errSessionSilent
+					return
+				}
 				if err := stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Heartbeat{Heartbeat: &tetherv1.SessionHeartbeat{}}}); err != nil {
 					errc <- err
 					return
@@ -616,10 +637,14 @@ func (a *Agent) session(ctx context.Context) (err error) {
 	for {
 		msg, err := stream.Receive()
 		if err != nil {
+			if cause := context.Cause(ctx); errors.Is(cause, errSessionSilent) {
+				err = cause
+			}
 			cancel()
 			_ = stream.CloseRequest()
 			return err
 		}
+		unanswered.Store(0)
 		switch k := msg.Kind.(type) {
 		case *tetherv1.SessionResponse_Opened:
 			a.mu.Lock()

@@ -1,0 +1,128 @@
+package agentsdk_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tetherhq/tether/agentsdk"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// The forty-second hostile pass on the Go SDK and the launcher (letter J).
+
+// rogue42jPath is a hostile element on the agent's path to the control
+// plane (a proxy's, a peer's): on the first session it relays the control
+// plane's first message (the session's opened) and then nothing more,
+// holding the stream open — the agent's heartbeats still reach the
+// control plane, its answers never reach the agent. From then on it
+// relays honestly. It counts the sessions the agent opened.
+type rogue42jPath struct {
+	next     http.RoundTripper
+	sessions atomic.Int32
+}
+
+func (p *rogue42jPath) RoundTrip(r *http.Request) (*http.Response, error) {
+	if !strings.HasSuffix(r.URL.Path, "/Session") {
+		return p.next.RoundTrip(r)
+	}
+	first := p.sessions.Add(1) == 1
+	resp, err := p.next.RoundTrip(r)
+	if !first || err != nil {
+		return resp, err
+	}
+	resp.Body = &rogue42jSilentBody{upstream: resp.Body, ctx: r.Context()}
+	return resp, nil
+}
+
+// rogue42jSilentBody relays the first envelope of the upstream body, then
+// holds every read until the request ends.
+type rogue42jSilentBody struct {
+	upstream io.ReadCloser
+	ctx      context.Context
+	out      bytes.Buffer
+	relayed  bool
+}
+
+func (b *rogue42jSilentBody) Read(p []byte) (int, error) {
+	if !b.relayed {
+		b.relayed = true
+		var head [5]byte
+		if _, err := io.ReadFull(b.upstream, head[:]); err != nil {
+			return 0, err
+		}
+		body := make([]byte, binary.BigEndian.Uint32(head[1:]))
+		if _, err := io.ReadFull(b.upstream, body); err != nil {
+			return 0, err
+		}
+		b.out.Write(head[:])
+		b.out.Write(body)
+	}
+	if b.out.Len() > 0 {
+		return b.out.Read(p)
+	}
+	<-b.ctx.Done()
+	return 0, b.ctx.Err()
+}
+
+func (b *rogue42jSilentBody) Close() error { return b.upstream.Close() }
+
+// A hostile element on the agent's path (a proxy that stalls the stream,
+// a peer) holds the agent's session open and silent: the agent's
+// heartbeats go out, the control plane's answers (its acknowledgements,
+// the node's signals) never come back. The Go agent waited on that
+// stream for good — deaf to its node's stop once the path was honest
+// again, since it never opened another session. Now a session whose
+// heartbeats go unanswered (agentsdk.MaxUnansweredHeartbeats in a row:
+// the control plane acknowledges each) is ended and another opened, and
+// the agent hears the drain.
+func TestRogue42JASilentSessionDoesNotDeafenTheAgent(t *testing.T) {
+	ctx := context.Background()
+	srv := startEmbedded(t)
+	operator := agentsdk.Dial(srv.URL, srv.AdminToken)
+	root, err := agentsdk.RegisterRoot(ctx, operator, "root", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, err := root.Spawn(ctx, "child", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := &rogue42jPath{next: agentsdk.HTTP2Client(srv.URL).Transport}
+	agent, err := agentsdk.Join(ctx, srv.URL, child.Credential, &http.Client{Transport: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent.HeartbeatEvery = 50 * time.Millisecond
+	runCtx, cancel := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- agent.Run(runCtx) }()
+	t.Cleanup(func() { cancel(); <-ran })
+	<-agent.Opened() // the stalled session's opened, relayed
+	if _, err := operator.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: agent.NodeID(), Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN,
+		DrainWindow: durationpb.New(time.Hour),
+	})); err != nil {
+		t.Fatal(err)
+	}
+	guard := time.After(20 * time.Second) // a guard against the hang, not a timing
+	select {
+	case <-agent.Draining():
+		if n := path.sessions.Load(); n < 2 {
+			t.Fatalf("the drain heard on %d session(s): the stalled one relayed it", n)
+		}
+	case err := <-ran:
+		t.Fatalf("Run returned %v before the drain was heard", err)
+	case <-guard:
+		t.Fatalf("the agent is deaf: the drain not heard 20 s after it was ordered (400 heartbeat intervals); %d session(s) opened, the stalled one still waited on", path.sessions.Load())
+	}
+}
