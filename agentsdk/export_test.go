@@ -167,3 +167,13 @@ func CachedBytes(v *Verifier) int {
 	})
 	return n
 }
+
+// HeldTombstoneBytes is what v's tombstone set holds of its tombstones'
+// text, in bytes: each one's grant id, reason, holder and lineage.
+func HeldTombstoneBytes(v *Verifier) (tombstones, bytes int) {
+	for _, t := range v.tombstones.Tombstones() {
+		tombstones++
+		bytes += len(t.GrantID) + len(t.Reason) + len(t.Holder) + len(t.Lineage)
+	}
+	return tombstones, bytes
+}

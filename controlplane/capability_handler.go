@@ -89,6 +89,11 @@ func (c *capabilityService) Delegate(ctx context.Context, req *connect.Request[t
 	}
 	issued, err := c.s.grants.Delegate(ctx, caller, grantstore.DelegateRequest{
 		ParentGrantID: req.Msg.ParentGrantId, HolderNodeID: req.Msg.HolderNodeId, Scopes: req.Msg.Scopes, TTL: req.Msg.GetTtl().AsDuration(),
+		// The holder's bound reads every grant its index names once it
+		// names the bound's worth (and their chains), refused or not: a
+		// request of the caller's budget per thousand read, as a
+		// listing's page, taken once read.
+		Charge: func(read int) error { auth.SpendDone(ctx, (read-1)/maxPageSize); return nil },
 	})
 	if err != nil {
 		return nil, toConnect(err)

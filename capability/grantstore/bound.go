@@ -34,8 +34,13 @@ func (s *Service) maxPerNode() int {
 //
 // The holder's index is read first: with fewer entries than the bound,
 // the holder holds fewer live and fewer dead grants of either kind than
-// the bound, and no grant is read.
-func (s *Service) makeRoom(tx store.Txn, g capability.Grant, now time.Time) error {
+// the bound, and no grant is read. Past it, every grant the index names is
+// read, and each one's chain: the index keeps every dead grant another
+// derives from, so it may name many more than the bound. charge, when set,
+// is told how many grants were read then (every grant and ancestor), before
+// the grant is refused or room made: a delegation's caller pays for them
+// (DelegateRequest.Charge). The index's keys alone are not counted.
+func (s *Service) makeRoom(tx store.Txn, g capability.Grant, now time.Time, charge func(read int) error) error {
 	limit := s.maxPerNode()
 	prefix := holderPrefix(g.HolderNodeID)
 	var ids []string
@@ -74,6 +79,11 @@ func (s *Service) makeRoom(tx store.Txn, g capability.Grant, now time.Time) erro
 	}
 	if err := reads.failed(); err != nil {
 		return err
+	}
+	if charge != nil {
+		if err := charge(len(reads.seen)); err != nil {
+			return err
+		}
 	}
 	if over := len(dead) - limit; over > 0 {
 		slices.SortFunc(dead, func(a, b capability.Grant) int { return a.CreatedAt.Compare(b.CreatedAt) })

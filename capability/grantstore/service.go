@@ -261,7 +261,7 @@ func (s *Service) IssueRoot(ctx context.Context, caller Caller, req RootRequest)
 		if err := s.requireRunning(tx, req.HolderNodeID, "holder_node_id"); err != nil {
 			return err
 		}
-		if err := s.makeRoom(tx, g, now); err != nil {
+		if err := s.makeRoom(tx, g, now, nil); err != nil {
 			return err
 		}
 		return putGrant(tx, s.cfg.Tree, g, true)
@@ -280,6 +280,14 @@ type DelegateRequest struct {
 	// TTL 0 inherits the parent's expiry; a TTL that outlives the parent
 	// is refused.
 	TTL time.Duration
+	// Charge, when set, is told how many grants the holder's bound read
+	// (makeRoom: once the holder's index names MaxPerNode, every grant it
+	// names and their chains, whatever the delegation then does, refused
+	// or not; nothing below that); an error refuses the delegation with
+	// it. The
+	// server charges the caller's rate budget, as for a listing
+	// (ListQuery.Charge).
+	Charge func(read int) error
 }
 
 // Delegate derives a grant from one the calling agent holds, for a running
@@ -394,7 +402,7 @@ func (s *Service) Delegate(ctx context.Context, caller Caller, req DelegateReque
 			} else if err != nil {
 				return err
 			}
-			if err := s.makeRoom(tx, g, now); err != nil {
+			if err := s.makeRoom(tx, g, now, req.Charge); err != nil {
 				return err
 			}
 			return putGrant(tx, s.cfg.Tree, g, true)
