@@ -518,6 +518,7 @@ func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, t
 	}
 	may := takers(targets, open, ancestors, nil)
 	offset := r.LeasesHandedOver()
+	gone := map[string]bool{} // replacements found no longer standing this pass
 	reason := fmt.Sprintf("rollout %s batch %d: %s replaced by %s", r.ID, b.Index, r.Selector, r.TargetSelector)
 	for i, l := range open {
 		may := may[l.Holder]
@@ -528,9 +529,22 @@ func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, t
 			// for it and pauses at its deadline.
 			continue
 		}
-		to := may[(offset+i)%len(may)]
 		if rs.Fault != nil {
 			rs.Fault("before-reassign")
+		}
+		// The replacements were observed ready before the pass; one may
+		// have claimed its exit, or a stop may have reached it, since: a
+		// rogue replacement exiting as the pass runs had every job after
+		// that handed to an agent that will never take it, and counted as
+		// handed over. Each is checked again before it is given a job;
+		// one that no longer stands is given none this pass (the lease
+		// waits for one that does).
+		to, err := rs.standingTaker(ctx, may, offset+i, gone)
+		if err != nil {
+			return out, err
+		}
+		if to == "" {
+			continue
 		}
 		gen, err := rs.Handover.Reassign(ctx, l, to, reason)
 		switch {
@@ -546,6 +560,46 @@ func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, t
 		}
 	}
 	return out, nil
+}
+
+// standingTaker returns the first of may, in turn from start, that still
+// stands as a replacement — running, ready, and under no stop — read now,
+// after the observation that chose may; "" when none does. Those found no
+// longer standing are added to gone and not read again in the pass.
+func (rs *Rollouts) standingTaker(ctx context.Context, may []string, start int, gone map[string]bool) (string, error) {
+	for k := range may {
+		to := may[(start+k)%len(may)]
+		if gone[to] {
+			continue
+		}
+		stands := false
+		err := rs.Store.View(ctx, func(tx store.ReadTxn) error {
+			n, err := tree.GetNodeIn(tx, to)
+			if errors.Is(err, tree.ErrNodeNotFound) {
+				stands = false
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			if !isReady(n) {
+				stands = false
+				return nil
+			}
+			cover, err := tree.CoveringStopIn(tx, n)
+			stands = cover == nil
+			return err
+		})
+		if err != nil {
+			return "", err
+		}
+		if stands {
+			return to, nil
+		}
+		gone[to] = true
+		rs.Log.Warn("rollout replacement no longer stands; it is handed no job", "node_id", to)
+	}
+	return "", nil
 }
 
 // takers lists, for each holder of open, the replacements that may take

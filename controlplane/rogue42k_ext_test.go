@@ -1,0 +1,106 @@
+package controlplane_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// TestRogue42KAReplacementThatExitsMidPassIsHandedNoJob: a planner's v1
+// worker holds a job; its batch drains it, and the planner's v2
+// replacement reports ready, so the rollout's handover pass gives it the
+// worker's job. The replacement is a rogue: it claims its exit as the pass
+// runs (after the reconciler observed it ready, before it reassigns the
+// job; the reconciler's test hook pins the interleaving — a worker with
+// many jobs leaves a pass's whole length for it). The pass reassigned the
+// job to the exited agent all the same (generation 2, OFFERED to a holder
+// that will never ACK, which the lease service refuses an operator's or a
+// coordinator's Reassign to), and the batch and the completed rollout
+// counted it as handed over to a replacement. Each reassignment now checks
+// that its replacement still stands (running, ready, under no stop): the
+// job stays with the drained worker, waits for a replacement that is
+// ready, and goes to it.
+func TestRogue42KAReplacementThatExitsMidPassIsHandedNoJob(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	var (
+		mu    sync.Mutex
+		calls int
+		exit  func()
+	)
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) {
+		cfg.RolloutFault = func(point string) {
+			if point != "before-reassign" {
+				return
+			}
+			mu.Lock()
+			calls++
+			e := exit
+			exit = nil
+			mu.Unlock()
+			if e != nil {
+				e()
+			}
+		}
+	})
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	planner := registerLabelled(t, admin, "planner", map[string]string{"role": "planner"})
+	pc := srv.Clients(planner.Credential)
+	worker := spawnLabelled(t, pc, planner.Node.NodeId, "worker", map[string]string{"version": "v1"})
+	wc := srv.Clients(worker.Credential)
+	resp, err := pc.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job-a", HolderIdentity: worker.Node.NodeId, LeaseDuration: durationpb.New(10 * time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	unary{wc}.send(t, ack(resp.Msg.Lease))
+
+	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: 1,
+		DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Second), BatchDeadline: durationpb.New(time.Hour)})
+	r = waitRollout(t, srv, r.RolloutId, "to start a batch", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 1 })
+	term := r.Batches[0].TerminationId
+	testserver.WaitFor(t, 20*time.Second, "the batch's termination to finish", func() bool {
+		clk.Advance(2 * time.Second)
+		return getTermination(t, admin, term).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+	})
+	rogue := spawnLabelled(t, pc, planner.Node.NodeId, "worker-v2", map[string]string{"version": "v2"})
+	rc := srv.Clients(rogue.Credential)
+	var exitErr error
+	mu.Lock()
+	exit = func() {
+		_, exitErr = rc.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: rogue.Node.NodeId, Reason: "done"}))
+	}
+	mu.Unlock()
+	reportReady(t, admin, rogue.Node.NodeId)
+	testserver.WaitFor(t, 20*time.Second, "the rollout's first handover pass", func() bool {
+		clk.Advance(2 * time.Second)
+		mu.Lock()
+		defer mu.Unlock()
+		return calls > 0
+	})
+	if exitErr != nil {
+		t.Fatalf("the replacement's exit claim: %v", exitErr)
+	}
+	honest := spawnLabelled(t, pc, planner.Node.NodeId, "worker-v2b", map[string]string{"version": "v2"})
+	reportReady(t, admin, honest.Node.NodeId)
+	testserver.WaitFor(t, 20*time.Second, "the rollout to finish", func() bool {
+		clk.Advance(2 * time.Second)
+		r = getRollout(t, admin, r.RolloutId)
+		return r.State != tetherv1.RolloutState_ROLLOUT_STATE_RUNNING
+	})
+	if got := operatorLease(t, admin, "job-a"); got.HolderIdentity != honest.Node.NodeId || got.LeaseGeneration != 2 {
+		t.Fatalf("job-a: generation %d held by %s (the exited replacement is %s), want generation 2 held by the ready replacement %s",
+			got.LeaseGeneration, got.HolderIdentity, rogue.Node.NodeId, honest.Node.NodeId)
+	}
+	if r.State != tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED || r.Batches[0].LeasesHandedOver != 1 {
+		t.Fatalf("rollout %s (%q): batch 0 says %d leases handed over, want completed with 1", r.State, r.Reason, r.Batches[0].LeasesHandedOver)
+	}
+}
