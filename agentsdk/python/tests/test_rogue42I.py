@@ -16,6 +16,12 @@ block and waited there, its heartbeats going on and its signals stream,
 the control plane's witness of its exit, never closed. Both now run on
 threads that are not the loop's default executor: the spawn on the gate's
 own (``GATE_THREADS``), ``close()`` on a thread of its own.
+
+And on the gate's own threads, an asyncio call's begin refused for its
+caller's lineage's spent rate budget waited out the refusal's retry hint
+(the connection's Retry) there: a rogue that spent its own budget held them
+a few seconds a call, every other caller's begins and reports behind it.
+The hint is now waited on the caller's loop.
 """
 
 from __future__ import annotations
@@ -27,14 +33,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import require_extra
+from conftest import NO_RETRY, require_extra, start_server
 
 require_extra("langgraph")
 
 from langchain_core.messages import HumanMessage  # noqa: E402
 from langgraph.graph import END, START, MessagesState, StateGraph  # noqa: E402
 
-from tether_agentsdk import Agent, ToolGate  # noqa: E402
+from tether_agentsdk import Agent, Conn, ConnectError, ToolGate, toolgate  # noqa: E402
+from tether_agentsdk._connect import RESOURCE_EXHAUSTED, Retry  # noqa: E402
 from tether_agentsdk.adapters.langgraph import TetherGraph  # noqa: E402
 
 # The loop's default executor in the tests: as many threads as the rogue
@@ -150,3 +157,81 @@ def test_rogue42I_async_with_agent_closes_while_a_rogue_holds_the_default_execut
         f"while a rogue's work hung the loop's {POOL} default threads: the honest agent's `async with` block was left: "
         f"{seen['block left']}; its threads still running (heartbeats, signals stream): "
         f"{seen['heartbeats and stream still running']}")
+
+
+@pytest.fixture(scope="module")
+def budgeted(tether_bin, tmp_path_factory):
+    s = start_server(tether_bin, tmp_path_factory.mktemp("tether-rogue42i"), "--rate-limit", "1")
+    yield s
+    s.stop()
+
+
+def test_rogue42I_a_rogue_refused_for_its_spent_budget_does_not_hold_the_gates_threads(budgeted, monkeypatch):
+    # The gate's threads in the test: as many as the rogue's calls refused
+    # at once (GATE_THREADS is 32).
+    monkeypatch.setattr(toolgate, "GATE_THREADS", POOL)
+    op = Conn(budgeted.url, budgeted.admin)  # the operator's setup retried through the rate limit
+    rogue = Agent.register_root(op, "rogue42i-spender")
+    honest = Agent.register_root(op, "rogue42i-honest-caller")
+    rogue_token = op.call("CapabilityService", "IssueRoot", {"holderNodeId": rogue.node_id, "scopes": ["tool:*"], "ttl": "3600s"})["token"]
+    honest_token = op.call("CapabilityService", "IssueRoot", {"holderNodeId": honest.node_id, "scopes": ["tool:*"], "ttl": "3600s"})["token"]
+    minted = op.call("AuthService", "CreateToken", {"toolServer": "rogue42i-budget"})["token"]
+    released = threading.Event()  # set when the test ends
+    retry_waits_on_threads = []
+
+    def wait_on_a_thread(seconds: float) -> None:
+        # The connection's retry wait, as a synchronous call's: here it
+        # holds its thread until the test ends, a stand-in for a rogue
+        # that keeps its lineage's budget spent.
+        retry_waits_on_threads.append(seconds)
+        released.wait()
+
+    retries = []  # every retry decided (its jitter drawn), wherever it waits
+
+    def jitter() -> float:
+        retries.append(1)
+        return 0.0
+
+    gate = ToolGate(Conn(budgeted.url, minted, retry=Retry(sleep=wait_on_a_thread, jitter=jitter)), "rogue42i-budget").start()
+    assert gate.ready.wait(20), "the gate's cancel orders did not open"
+    spender = Conn(budgeted.url, rogue.credential, retry=NO_RETRY)
+    seen: dict = {}
+
+    async def quick_tool() -> str:
+        return "answered"
+
+    async def scenario() -> None:
+        # The rogue spends its own lineage's budget.
+        for _ in range(100):
+            try:
+                spender.call("AuthService", "WhoAmI", {})
+            except ConnectError as e:
+                assert e.code == RESOURCE_EXHAUSTED, e
+                break
+        else:
+            raise AssertionError("the rogue's budget was never spent; the probe tests nothing")
+        rogues = [asyncio.create_task(gate.arun(rogue_token, "fetch", quick_tool)) for _ in range(3 * POOL)]
+        try:
+            honest_call = asyncio.create_task(gate.arun(honest_token, "echo", quick_tool))
+            # Guards against the hang, not timings.
+            done, _ = await asyncio.wait({honest_call}, timeout=20)
+            seen["answered"] = honest_call in done and not honest_call.cancelled() and honest_call.exception() is None
+            seen["retry waits"] = len(retry_waits_on_threads)
+            seen["retries"] = len(retries)
+        finally:
+            released.set()
+            for t in rogues:
+                t.cancel()
+        await asyncio.gather(honest_call, *rogues, return_exceptions=True)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        released.set()
+        gate.close()
+        rogue.close()
+        honest.close()
+    assert seen["retries"] > 0, "the rogue's begins were never refused with a retry hint; the probe tests nothing"
+    assert seen["answered"] and seen["retry waits"] == 0, (
+        f"while a rogue's calls were refused for its spent budget: the honest call answered: {seen['answered']}; "
+        f"retry waits made on the gate's {POOL} threads: {seen['retry waits']}")
