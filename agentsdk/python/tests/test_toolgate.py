@@ -314,8 +314,8 @@ class _LeaveOnceBegun(Conn):
 
     leave: Callable[[], None] = staticmethod(lambda: None)
 
-    def call(self, service, method, request=None, *, timeout=None):
-        answer = super().call(service, method, request, timeout=timeout)
+    def call(self, service, method, request=None, **kwargs):
+        answer = super().call(service, method, request, **kwargs)
         if method == "BeginCall":
             self.leave()
         return answer

@@ -130,6 +130,21 @@ class Retry:
     clock: Callable[[], float] = time.monotonic
 
 
+    def wait_after(self, err: "ConnectError", attempt: int, deadline: float | None) -> float | None:
+        """The wait before attempt + 1 of a call refused with err at
+        attempt (deadline: the call's, on ``clock``; None: none), or None
+        when it is not to be sent again."""
+        hint = err.retry_after
+        if attempt >= self.attempts or hint is None or hint > self.max_wait:
+            return None
+        if deadline is not None and self.clock() + hint > deadline:
+            return None
+        wait = min(hint + hint * self.jitter() / 2, self.max_wait)
+        if deadline is not None:
+            wait = min(wait, deadline - self.clock())
+        return wait
+
+
 # A Conn's retry unless it is given another (the Go and TypeScript SDKs'
 # default); Retry(attempts=1): never.
 DEFAULT_RETRY = Retry()
@@ -388,11 +403,13 @@ class Conn:
             raise ConnectError(RESOURCE_EXHAUSTED, f"GET {path}: answer larger than {max_bytes} bytes")
         return data
 
-    def call(self, service: str, method: str, request: dict | None = None, *, timeout: float | None = None) -> dict:
+    def call(self, service: str, method: str, request: dict | None = None, *, timeout: float | None = None,
+             retry: Retry | None = None) -> dict:
         """A unary call: ``conn.call("AgentService", "GetNode", {"nodeId": id})``.
         Its error carries neither the token it sent nor its signature. A
-        refusal resource_exhausted with a retry hint is retried (Retry)."""
-        r = self.retry
+        refusal resource_exhausted with a retry hint is retried (``retry``,
+        else the connection's Retry)."""
+        r = self.retry if retry is None else retry
         timeout = self.timeout if timeout is None else timeout
         deadline = None if timeout is None else r.clock() + timeout
         attempt = 1
@@ -402,14 +419,9 @@ class Conn:
             try:
                 return self._call_once(service, method, request, left)
             except ConnectError as e:
-                hint = e.retry_after
-                if attempt >= r.attempts or hint is None or hint > r.max_wait:
+                wait = r.wait_after(e, attempt, deadline)
+                if wait is None:
                     raise
-                if deadline is not None and r.clock() + hint > deadline:
-                    raise
-                wait = min(hint + hint * r.jitter() / 2, r.max_wait)
-                if deadline is not None:
-                    wait = min(wait, deadline - r.clock())
             r.sleep(wait)
             attempt += 1
 

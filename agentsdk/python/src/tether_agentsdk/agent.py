@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
@@ -505,7 +506,18 @@ class Agent:
         return self.start()
 
     async def __aexit__(self, *exc: Any) -> None:
-        await asyncio.to_thread(self.close)
+        # On a thread of its own, not the loop's default executor
+        # (``asyncio.to_thread``): the few threads (``min(32, cores + 4)``)
+        # the tools' blocking work shares, which a rogue whose input hangs
+        # that work holds for as long as it likes. Waiting there, an agent
+        # whose work had ended never closed: its heartbeats went on and its
+        # signals stream, the control plane's witness of its exit, stayed
+        # open (rogue42I test).
+        own = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tether-close-{self.node_id}")
+        try:
+            await asyncio.get_running_loop().run_in_executor(own, self.close)
+        finally:
+            own.shutdown(wait=False)
 
     def _credential_dead(self, err: ConnectError) -> bool:
         if err.code not in (UNAUTHENTICATED, PERMISSION_DENIED, FAILED_PRECONDITION):

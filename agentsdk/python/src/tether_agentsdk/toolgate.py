@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Union
 
 from . import _wire
-from ._connect import FAILED_PRECONDITION, INTERNAL, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, StreamFollower, close_stream, without_secret
+from ._connect import FAILED_PRECONDITION, INTERNAL, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, Retry, StreamFollower, close_stream, without_secret
 
 log = logging.getLogger("tether_agentsdk")
 
@@ -152,6 +152,10 @@ GATE_CALL_TIMEOUT = 10.0
 #: round trip to the control plane (GATE_CALL_TIMEOUT at most).
 GATE_THREADS = 32
 
+# An asyncio call's begin on the gate's threads: one attempt, its retry
+# waited on the caller's loop (rogue42I test).
+_ONE_ATTEMPT = Retry(attempts=1)
+
 
 class ToolGate(StreamFollower):
     """Stands in front of tools. For each call it has the control plane
@@ -273,7 +277,7 @@ class ToolGate(StreamFollower):
         timeout = self.conn.timeout
         return GATE_CALL_TIMEOUT if timeout is None or timeout <= 0 else min(GATE_CALL_TIMEOUT, timeout)
 
-    def _begin(self, token: Token, tool: str, required_scope: str) -> GateCall:
+    def _begin(self, token: Token, tool: str, required_scope: str, *, retry: Retry | None = None) -> GateCall:
         try:
             tok = token() if callable(token) else token
         except ConnectError as e:
@@ -295,7 +299,7 @@ class ToolGate(StreamFollower):
             self._beginning.add(n)
         try:
             try:
-                resp = self.conn.call("ToolService", "BeginCall", req, timeout=self._call_timeout())
+                resp = self.conn.call("ToolService", "BeginCall", req, timeout=self._call_timeout(), retry=retry)
             except ConnectError as e:
                 if e.code in (PERMISSION_DENIED, FAILED_PRECONDITION, UNAUTHENTICATED):
                     raise ToolRefused(e.code, e.message, details=e.details) from None
@@ -465,7 +469,7 @@ class _GatedBlock:
         begun: list[GateCall] = []
 
         def begin() -> GateCall:
-            call = self.gate._begin(self.token, self.tool, self.required_scope)
+            call = self.gate._begin(self.token, self.tool, self.required_scope, retry=_ONE_ATTEMPT)
             with lock:
                 if not left:
                     begun.append(call)
@@ -473,14 +477,33 @@ class _GatedBlock:
             self.gate._end_abandoned(call)
             return call
 
-        try:
-            self.call = await self.gate._in_thread(begin)
-        except asyncio.CancelledError:
-            with lock:
-                left = True
-            if begun:
-                threading.Thread(target=self.gate._end_abandoned, args=(begun[0],), daemon=True).start()
-            raise
+        # A begin refused for the caller's lineage's spent rate budget is
+        # sent again after the refusal's hint (the connection's Retry), the
+        # hint waited here, on the caller's loop: waited on the gate's
+        # thread, as a synchronous call waits on its caller's, a rogue that
+        # spent its own lineage's budget held the threads every other
+        # caller's begins and reports share, a few seconds a call, for as
+        # long as it sent calls (rogue42I test).
+        retry = self.gate.conn.retry
+        timeout = self.gate._call_timeout()
+        deadline = retry.clock() + timeout
+        attempt = 1
+        while True:
+            try:
+                self.call = await self.gate._in_thread(begin)
+                break
+            except asyncio.CancelledError:
+                with lock:
+                    left = True
+                if begun:
+                    threading.Thread(target=self.gate._end_abandoned, args=(begun[0],), daemon=True).start()
+                raise
+            except ConnectError as e:
+                wait = retry.wait_after(e, attempt, deadline)
+                if wait is None:
+                    raise
+            await asyncio.sleep(wait)
+            attempt += 1
         # No await from here to the body: a cancel order is applied to this
         # task only while the body runs.
         self.call._loop = asyncio.get_running_loop()

@@ -100,6 +100,16 @@ class Subtree:
 
         return Node(spawn=spawn)
 
+    async def spawned(self, node: Node) -> None:
+        """Awaits ``node.ensure()`` (a child node's lazy spawn: a subgraph
+        entered, a handoff taken) on one of the gate's own threads, where
+        its tools' calls present the node's token, never on the loop's
+        default executor: there, behind the tools' blocking work, which a
+        rogue whose input hangs it (a URL of a server that never answers)
+        holds for as long as it likes, another agent's run in the process
+        waited for its sub-agent, going nowhere (rogue42I test)."""
+        await self.gate._in_thread(node.ensure)
+
     async def run_cancellable(self, make: Callable[[], Awaitable[T]]) -> T:
         """Runs ``make()`` as a task cancelled when the agent is aborted;
         raises Aborted then."""

@@ -75,10 +75,10 @@ class SubAgent:
     def node(self, subgraph: Any) -> Callable[..., Any]:
         """A graph node running ``subgraph`` (compiled) as this sub-agent:
         the child is spawned when the node is first entered."""
-        node = self._node
+        node, subtree = self._node, self._subtree
 
         async def run_subgraph(state: Any, config: RunnableConfig | None = None) -> Any:
-            await asyncio.to_thread(node.ensure)
+            await subtree.spawned(node)
             return await subgraph.ainvoke(state, config)
 
         return run_subgraph

@@ -85,9 +85,10 @@ class TetherAgents:
         narrowed grant, when the model takes the handoff."""
         node = self.subtree.child_node(name or sdk_agent.name, scopes, ttl)
         target = self._wrap(sdk_agent, node)
+        subtree = self.subtree
 
         async def on_handoff(ctx: Any) -> None:
-            await asyncio.to_thread(node.ensure)
+            await subtree.spawned(node)
 
         return sdk_handoff(target, on_handoff=on_handoff, **handoff_kwargs)
 
