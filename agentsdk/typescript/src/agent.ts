@@ -42,6 +42,23 @@ function endsRun(err: unknown): boolean {
   return err.code === Code.Unauthenticated || err.code === Code.PermissionDenied || err.code === Code.FailedPrecondition;
 }
 
+/**
+ * How many of a session's heartbeats in a row may go unanswered before the
+ * agent takes the session for dead, ends it (Code.Unavailable) and opens
+ * another on run's usual backoff. The control plane answers each heartbeat
+ * (its acknowledgement), so a session that carries none back for that many
+ * intervals is stalled on the way (a proxy's, a hostile peer's): the agent
+ * waited on such a stream for good, deaf to its node's stop once the path
+ * was honest again (rogue42O test; the Go SDK's MaxUnansweredHeartbeats,
+ * rogue42j).
+ */
+export const MaxUnansweredHeartbeats = 3;
+
+/** The error that ends a session whose heartbeats went unanswered. */
+function sessionSilent(): ConnectError {
+  return new ConnectError(`tether: the session carried nothing back for ${MaxUnansweredHeartbeats} heartbeats; opening another`, Code.Unavailable);
+}
+
 /** A spawned child: its node and the credential to hand to the child's process (which calls {@link Agent.join}). */
 export interface Child {
   node: Node;
@@ -477,7 +494,20 @@ export class Agent {
     const stop = () => local.abort();
     options.signal?.addEventListener("abort", stop, { once: true });
     requests.push({ kind: { case: "hello", value: { nodeId: this.#id } } });
-    const beat = setInterval(() => requests.push({ kind: { case: "heartbeat", value: {} } }), every);
+    // The heartbeats sent since the session last carried a message back;
+    // past MaxUnansweredHeartbeats the session is taken for dead (silent:
+    // set then) and ended, and run opens another.
+    let unanswered = 0;
+    let silent = false;
+    const beat = setInterval(() => {
+      if (++unanswered > MaxUnansweredHeartbeats) {
+        silent = true;
+        clearInterval(beat);
+        local.abort();
+        return;
+      }
+      requests.push({ kind: { case: "heartbeat", value: {} } });
+    }, every);
     let ended!: () => void;
     let claimSent = false;
     const live = {
@@ -498,6 +528,7 @@ export class Agent {
     this.#live = live;
     try {
       for await (const msg of this.conn.agent.session(requests, { signal: local.signal }) as AsyncIterable<SessionResponse>) {
+        unanswered = 0;
         switch (msg.kind.case) {
           case "opened":
             // The node as the control plane stored it, when it names this
@@ -518,8 +549,10 @@ export class Agent {
             break;
         }
       }
+      if (silent) throw sessionSilent();
       live.claimed = claimSent;
     } catch (err) {
+      if (silent) throw sessionSilent();
       if (local.signal.aborted && err instanceof ConnectError && err.code === Code.Canceled) return;
       throw err;
     } finally {
