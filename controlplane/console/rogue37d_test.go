@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path"
 	"regexp"
 	"strings"
 	"sync"
@@ -22,16 +23,24 @@ import (
 
 // countingConsole serves a console of its own whose calls go to the
 // world's server in process (its own handler, as the control plane's
-// console's do) and counts the nodes the ListNodes answers carried.
+// console's do) and counts the nodes the ListNodes answers carried, and
+// the calls it made of each procedure.
 type countingConsole struct {
 	mu       sync.Mutex
 	answered int
+	calls    map[string]int // by procedure name (GetRecord)
 }
 
 func (cc *countingConsole) start(t *testing.T, w *world) string {
 	t.Helper()
 	api := w.srv.Handler()
 	ui, err := console.New(console.Config{API: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		cc.mu.Lock()
+		if cc.calls == nil {
+			cc.calls = map[string]int{}
+		}
+		cc.calls[path.Base(r.URL.Path)]++
+		cc.mu.Unlock()
 		if !strings.HasSuffix(r.URL.Path, "/ListNodes") {
 			api.ServeHTTP(rw, r)
 			return
@@ -72,6 +81,16 @@ func (cc *countingConsole) start(t *testing.T, w *world) string {
 	ts := httptest.NewServer(mux)
 	t.Cleanup(ts.Close)
 	return ts.URL
+}
+
+// takeCalls is the calls of procedure the console made since the last
+// takeCalls of it.
+func (cc *countingConsole) takeCalls(procedure string) int {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	n := cc.calls[procedure]
+	delete(cc.calls, procedure)
+	return n
 }
 
 func (cc *countingConsole) take() int {

@@ -13,6 +13,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane/console"
 	"github.com/tetherhq/tether/controlplane/testserver"
 
@@ -94,43 +95,8 @@ func TestRogue39DARecordPageDrawsAPageOfARoguesSubtree(t *testing.T) {
 	defer func(n int) { console.RecordRows = n }(console.RecordRows)
 	console.RecordRows = 3
 	w := newWorld(t)
-	ctx := context.Background()
-	rogue := w.srv.Clients(w.creds["rogue"]).Agent
 	const kids = 5
-	for i := range kids {
-		if _, err := rogue.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: w.nodes["rogue"].NodeId, Name: fmt.Sprintf("kid-%d", i)})); err != nil {
-			t.Fatal(err)
-		}
-	}
-	term, err := w.admin.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
-		NodeId: w.nodes["worker-1"].NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
-		CancelAckTimeout: durationpb.New(0), ConfirmTimeout: durationpb.New(0),
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := term.Msg.Termination.TerminationId
-	w.waitTermination(t, id, tetherv1.TerminationState_TERMINATION_STATE_ABORTING)
-	w.clk.Advance(time.Hour)
-	done := w.waitTermination(t, id, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
-	testserver.WaitFor(t, 20*time.Second, "the record", func() bool {
-		got, err := w.admin.Supervisor.GetTermination(ctx, connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: id}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		done = got.Msg.Termination
-		return done.RecordId != ""
-	})
-	rec, err := w.admin.Supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{RecordId: done.RecordId}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	nodes, unaccounted := len(rec.Msg.Record.Nodes), 0
-	for _, n := range rec.Msg.Record.Nodes {
-		if n.Outcome == tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED {
-			unaccounted++
-		}
-	}
+	done, nodes, unaccounted := stopTheRoguesParent(t, w, kids)
 	if nodes < 3+kids || unaccounted <= 3 {
 		t.Fatalf("the record of worker-1's stop lists %d nodes, %d unaccounted: want worker-1, helper, the rogue and its %d children, more than 3 unaccounted", nodes, unaccounted, kids)
 	}
@@ -166,4 +132,55 @@ func TestRogue39DARecordPageDrawsAPageOfARoguesSubtree(t *testing.T) {
 			t.Fatalf("the record page does not say %q:\n%s", want, p.body)
 		}
 	}
+}
+
+// stopTheRoguesParent: the rogue spawns kids children, none of which ever
+// confirms its exit, and the operator aborts worker-1, the rogue's
+// parent. It returns the termination, its record written, and the
+// record's nodes and unaccounted ones (read whole).
+func stopTheRoguesParent(t *testing.T, w *world, kids int) (done *tetherv1.Termination, nodes, unaccounted int) {
+	t.Helper()
+	ctx := context.Background()
+	rogue := w.srv.Clients(w.creds["rogue"]).Agent
+	for i := range kids {
+		if _, err := rogue.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: w.nodes["rogue"].NodeId, Name: fmt.Sprintf("kid-%d", i)})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	term, err := w.admin.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: w.nodes["worker-1"].NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
+		CancelAckTimeout: durationpb.New(0), ConfirmTimeout: durationpb.New(0),
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := term.Msg.Termination.TerminationId
+	// Aborting, or past it already (its deadlines are zero); then past
+	// every deadline.
+	testserver.WaitFor(t, 20*time.Second, "termination "+id+" to abort", func() bool {
+		got, err := w.admin.Supervisor.GetTermination(ctx, connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: id}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got.Msg.Termination.State >= tetherv1.TerminationState_TERMINATION_STATE_ABORTING
+	})
+	w.clk.Advance(time.Hour)
+	testserver.WaitFor(t, 20*time.Second, "the record", func() bool {
+		got, err := w.admin.Supervisor.GetTermination(ctx, connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: id}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		done = got.Msg.Termination
+		return done.State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED && done.RecordId != ""
+	})
+	rec, err := agentsdk.ReadRecord(ctx, w.admin.Supervisor, &tetherv1.GetRecordRequest{RecordId: done.RecordId})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range rec.Nodes {
+		if n.Outcome == tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED {
+			unaccounted++
+		}
+	}
+	return done, len(rec.Nodes), unaccounted
 }

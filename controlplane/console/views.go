@@ -624,8 +624,21 @@ func (c *Console) records(w http.ResponseWriter, r *http.Request, s *session) {
 // by `tether record show`.
 var RecordRows = 500
 
+// recordReads is how many GetRecord answers (each up to a few MiB of
+// entries) a record page reads. The page read every answer to count the
+// record, into memory in the control plane's own process, on every load:
+// a rogue's subtree of a hundred thousand nodes, each with what it held
+// and its contradictions, made each operator's look at the stop's outcome
+// cost the whole record. A record past it is counted and drawn from the
+// entries read (Partial), and says so; its JSON and `tether record show`
+// read it whole.
+const recordReads = 4
+
 type recordData struct {
 	recordSummary
+	// Read: the entries (nodes, calls, privileges, leases) the page read;
+	// fewer than the record's when Partial.
+	Read             int
 	UnaccountedNodes []*tetherv1.RecordNode
 	UnresolvedCalls  []*tetherv1.RecordToolCall
 	FailedPrivileges []*tetherv1.RecordPrivilege
@@ -652,15 +665,18 @@ func firstRows[T any](s []T) ([]T, int) {
 
 func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 	id := r.PathValue("id")
-	// A large record arrives in pages: the summary counts all of them.
+	// A large record arrives in pages: the page reads recordReads of them
+	// and counts those.
 	ctx, cancel := pageContext(r)
 	defer cancel()
-	rec, err := agentsdk.ReadRecord(ctx, s.clients.Supervisor, &tetherv1.GetRecordRequest{RecordId: id})
+	rec, partial, err := agentsdk.ReadRecordPages(ctx, s.clients.Supervisor, &tetherv1.GetRecordRequest{RecordId: id}, recordReads)
 	if err != nil {
 		c.apiFail(w, r, s, "Could not read record "+id, err)
 		return
 	}
 	d := recordData{recordSummary: summarize(rec)}
+	d.Partial = partial
+	d.Read = len(rec.Nodes) + len(rec.ToolCalls) + len(rec.Privileges) + len(rec.Leases)
 	for _, n := range rec.Nodes {
 		if n.Outcome == tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED {
 			d.UnaccountedNodes = append(d.UnaccountedNodes, n)
