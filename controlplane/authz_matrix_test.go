@@ -835,6 +835,15 @@ var concealedOutside = map[string]bool{
 	tetherv1connect.CapabilityServiceDelegateProcedure: true,
 }
 
+// concealedFromStrangers lists the procedures that answer not_found only
+// the agents that may not read self's stop rule (neither in self's lineage
+// nor under it: a sibling, an unrelated agent); self's descendants see the
+// rule in effect at them, so their refusal (they did not set it) stays
+// permission_denied (rogue42N test).
+var concealedFromStrangers = map[string]bool{
+	tetherv1connect.StopRuleServiceRemoveStopRuleProcedure: true,
+}
+
 // checkCell makes one caller's call in w and checks its verdict.
 func checkCell(t *testing.T, w *authzWorld, procedure string, c caller, want verdict) {
 	t.Helper()
@@ -850,7 +859,8 @@ func checkCell(t *testing.T, w *authzWorld, procedure string, c caller, want ver
 			t.Errorf("%s: %v, want unauthenticated", where, got.err)
 		}
 	case want == denied && (concealed[procedure] && slices.Contains(everyAgent, c) ||
-		concealedOutside[procedure] && slices.Contains([]caller{sibling, descendant, unrelated}, c)):
+		concealedOutside[procedure] && slices.Contains([]caller{sibling, descendant, unrelated}, c) ||
+		concealedFromStrangers[procedure] && slices.Contains([]caller{sibling, unrelated}, c)):
 		// An agent may not learn that the object exists: it is refused
 		// as if the id named nothing.
 		if code != connect.CodeNotFound {

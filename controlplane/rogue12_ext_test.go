@@ -321,10 +321,11 @@ func reencodeSignature(token string) string {
 }
 
 // A rogue that names another tree's stop rule in RemoveStopRule learns
-// nothing of it but that the id is in use (design §11): the refusal used
-// to quote the rule's name and who set it ("set by agent:n_…", an id of the
-// other tree). Now it names only the rule id the rogue gave, and the rule
-// stays.
+// nothing of it: the refusal used to quote the rule's name and who set it
+// ("set by agent:n_…", an id of the other tree); then it named only the
+// rule id the rogue gave, permission_denied, which still told the id was
+// in use; since the forty-second pass it reads as no such rule
+// (not_found, rogue42N test). The rule stays.
 func TestARogueCannotReadAnotherTreesRuleByRemovingIt(t *testing.T) {
 	w := newRogue12World(t)
 	ctx := context.Background()
@@ -338,8 +339,8 @@ func TestARogueCannotReadAnotherTreesRuleByRemovingIt(t *testing.T) {
 	}
 	for _, r := range []*tetherv1.StopRule{byVictim.Msg.Rule, byOperator.Msg.Rule} {
 		_, err := w.rogue.StopRule.RemoveStopRule(ctx, connect.NewRequest(&tetherv1.RemoveStopRuleRequest{RuleId: r.RuleId}))
-		if connect.CodeOf(err) != connect.CodePermissionDenied {
-			t.Errorf("removing another tree's rule %s: %v, want permission_denied", r.RuleId, err)
+		if connect.CodeOf(err) != connect.CodeNotFound {
+			t.Errorf("removing another tree's rule %s: %v, want not_found", r.RuleId, err)
 			continue
 		}
 		for _, secret := range []string{r.Name, r.SetBy, "operator:", w.victim, w.running} {

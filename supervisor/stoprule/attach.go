@@ -122,10 +122,11 @@ func CheckRemove(a Actor, r *Rule, setter *tree.Node) error {
 	return fmt.Errorf("%w: agent %s may not remove rule %q (%s): it was set by %s, and an agent removes only rules it or its descendants set", ErrDenied, a.NodeID, r.Name, r.RuleID, r.SetBy)
 }
 
-// errRemoveUnreadable is CheckRemove's refusal for a rule the agent may
-// not read (attached outside its own node, ancestors and descendants, or
-// by selector): it names only the id the agent gave, not the rule's name
-// nor its setter, which may be another tree's.
+// errRemoveUnreadable is CheckRemove's refusal for a selector rule (an
+// operator's, which an agent's node may be under): it names only the id
+// the agent gave, not the rule's name nor its setter. A rule attached
+// outside the agent's own node, ancestors and descendants is answered as
+// one that does not exist (Rules.Remove).
 func errRemoveUnreadable(a Actor, ruleID string) error {
 	return fmt.Errorf("%w: agent %s may not remove rule %s: an agent removes only rules it or its descendants set", ErrDenied, a.NodeID, ruleID)
 }

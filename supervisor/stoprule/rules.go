@@ -416,6 +416,13 @@ func (r *Rules) Remove(ctx context.Context, a Actor, ruleID string) (*Rule, erro
 		}
 		if err := CheckRemove(a, rule, setter); err != nil {
 			if a.IsAgent() && !readableBy(a, nodeOrNil(tx, a.NodeID), nodeOrNil(tx, rule.NodeID)) {
+				if rule.NodeID != "" {
+					// As for a rule that does not exist (Test's rule_id
+					// answers so): an agent learns nothing of another
+					// tree's rules by naming their ids, not even that
+					// one exists (rogue42N test).
+					return fmt.Errorf("%w: rule_id %s", ErrRuleNotFound, ruleID)
+				}
 				return errRemoveUnreadable(a, ruleID)
 			}
 			return err
