@@ -481,6 +481,15 @@ func (j *judge) progress(m Progress) Decision {
 		l.LateProgress = true
 		return reject(EventLateProgress, cause, "%s recorded as late evidence, not applied: %s; progress stays at seq %d", describe(m), why, l.ProgressSequence)
 	}
+	if l.State == StateExpired || l.State == StateTerminal {
+		if l.ProgressSequence != 0 && m.ProgressSequence == l.ProgressSequence && m.ProgressValue == l.ProgressValue {
+			// A repeat of the accepted progress (a retransmission, or a
+			// stream that reordered it after the end) reports nothing new:
+			// a duplicate, as it is before the end (seed §11, §15), never
+			// late progress the worker did not send.
+			return duplicate(EventDuplicateProgress, "%s repeats the accepted progress (%s); nothing changed", describe(m), j.current())
+		}
+	}
 	switch l.State {
 	case StateActive:
 		switch {
