@@ -123,12 +123,7 @@ func rogue37aStopDeadline(t *testing.T, srv *embedded.Server, id string) (time.T
 // sessions read them.
 func rogue37aRoot(t *testing.T, name string) (a *agentsdk.Agent, operator *agentsdk.Conn, srv *embedded.Server, signals <-chan agentsdk.Signal) {
 	t.Helper()
-	srv = startEmbedded(t)
-	operator = agentsdk.Dial(srv.URL, srv.AdminToken)
-	a, err := agentsdk.RegisterRoot(context.Background(), operator, name, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, operator, a = embeddedRoot(t, name)
 	return a, operator, srv, rogue37aRun(t, a)
 }
 

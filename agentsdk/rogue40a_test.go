@@ -256,16 +256,8 @@ func TestRogue40ACallerNotReadingItsAnswerDoesNotHoldItsAbort(t *testing.T) {
 // credential).
 func TestRogue40AChildWhoseSessionsItsParentHoldsHearsItsStop(t *testing.T) {
 	ctx := context.Background()
-	srv := startEmbedded(t)
-	operator := agentsdk.Dial(srv.URL, srv.AdminToken)
-	parent, err := agentsdk.RegisterRoot(ctx, operator, "rogue40a-parent", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	child, err := parent.Spawn(ctx, "rogue40a-honest-child", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, operator, parent := embeddedRoot(t, "rogue40a-parent")
+	child := spawnChild(t, parent, "rogue40a-honest-child")
 	asChild := agentsdk.Dial(srv.URL, child.Credential)
 	for i := 0; i < tree.MaxOpenSessions; i++ {
 		held := asChild.Agent.Session(ctx)

@@ -120,12 +120,7 @@ func (b *rogue41iBody) Close() error { return b.upstream.Close() }
 // it and hears the drain.
 func TestRogue41IARefreshedCredentialTheAgentCannotPresentDoesNotDeafenIt(t *testing.T) {
 	ctx := context.Background()
-	srv := startEmbedded(t)
-	operator := agentsdk.Dial(srv.URL, srv.AdminToken)
-	root, err := agentsdk.RegisterRoot(ctx, operator, "root", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, operator, root := embeddedRoot(t, "root")
 	for _, tc := range []struct{ name, credential string }{
 		{"a line break", "eyJhbGciOiJFZERTQSJ9.e30.c2ln\r\nX-Rogue: 1"},
 		{"more than a header takes", strings.Repeat("a", 80<<10) + ".e30.c2ln"},

@@ -87,16 +87,8 @@ func (b *rogue42jSilentBody) Close() error { return b.upstream.Close() }
 // the agent hears the drain.
 func TestRogue42JASilentSessionDoesNotDeafenTheAgent(t *testing.T) {
 	ctx := context.Background()
-	srv := startEmbedded(t)
-	operator := agentsdk.Dial(srv.URL, srv.AdminToken)
-	root, err := agentsdk.RegisterRoot(ctx, operator, "root", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	child, err := root.Spawn(ctx, "child", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, operator, root := embeddedRoot(t, "root")
+	child := spawnChild(t, root, "child")
 	path := &rogue42jPath{next: agentsdk.HTTP2Client(srv.URL).Transport}
 	agent, err := agentsdk.Join(ctx, srv.URL, child.Credential, &http.Client{Transport: path})
 	if err != nil {

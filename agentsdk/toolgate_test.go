@@ -154,6 +154,29 @@ func startEmbedded(t *testing.T) *embedded.Server {
 	return srv
 }
 
+// embeddedRoot starts an embedded control plane (startEmbedded) and has
+// its operator register a root agent called name.
+func embeddedRoot(t *testing.T, name string) (srv *embedded.Server, operator *agentsdk.Conn, root *agentsdk.Agent) {
+	t.Helper()
+	srv = startEmbedded(t)
+	operator = agentsdk.Dial(srv.URL, srv.AdminToken)
+	root, err := agentsdk.RegisterRoot(context.Background(), operator, name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, operator, root
+}
+
+// spawnChild has parent spawn a child called name, unlabelled.
+func spawnChild(t *testing.T, parent *agentsdk.Agent, name string) agentsdk.Child {
+	t.Helper()
+	child, err := parent.Spawn(context.Background(), name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return child
+}
+
 // A rogue tool (or the agent behind it) would like a call whose side
 // effect happened recorded as cancelled. After the cancel order reaches a
 // call, the gate reports what the handler did: a handler that returned a

@@ -27,22 +27,13 @@ import (
 // The windows of an agent's own approved proposal bind no one; the
 // policy's abort takes the node over, and the call is ordered to cancel.
 func TestRogue34GOwnApprovedDrainDoesNotHoldOffTheOperatorsRuleAbort(t *testing.T) {
-	clk := clock.NewManual(epoch)
-	srv := testserver.Start(t, testserver.WithClock(clk), withStopPolicy(supervisor.ProposalPolicy{
-		RuleActions: []supervisor.RuleAction{{Severity: "critical", Mode: supervisor.ModeAbort}},
-	}))
+	srv, _ := startWithRuleAction(t, "critical", supervisor.ModeAbort)
 	ctx := context.Background()
 	admin := srv.AdminClients()
 	root := register(t, admin, "planner")
 	rogue := spawn(t, srv.Clients(root.Credential), root.Node.NodeId, "rogue")
 	rogueAgent := srv.Clients(rogue.Credential)
-	grant := issueRoot(t, admin, rogue.Node.NodeId, time.Hour, "tool:*")
-	gate := srv.Clients(srv.ToolServerToken(t, "gate-1"))
-	begun, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: grant.token, Tool: "shell", GateId: "gate-1"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	call := begun.Msg.Call.CallId
+	gate, call := beginShellCall(t, srv, admin, rogue.Node.NodeId)
 
 	prop, err := rogueAgent.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{
 		Condition: "now", Reason: "done", Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, DrainWindow: durationpb.New(supervisor.MaxTerminationWindow),

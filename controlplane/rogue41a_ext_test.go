@@ -7,11 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"golang.org/x/net/http2"
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 )
 
@@ -115,11 +117,19 @@ func TestRogue41ADataFramesOnARefusedStreamAreChargedAsFrames(t *testing.T) {
 // rogue41a fix).
 func TestRogue41AAnHonestStreamOfSmallMessagesIsAnswered(t *testing.T) {
 	const renews = 2000
-	w := newLeaseWorld(t)
+	renewsAllAnswered(t, newLeaseWorld(t), renews)
+}
+
+// renewsAllAnswered has w's worker ACK a lease and send renews renews
+// back to back over one Channel stream, reading every answer, and
+// fails unless all are answered. It returns the stream, still open (closed
+// at the test's cleanup), and the lease.
+func renewsAllAnswered(t *testing.T, w *leaseWorld, renews int) (*connect.BidiStreamForClient[tetherv1.ChannelRequest, tetherv1.ChannelResponse], *tetherv1.Lease) {
+	t.Helper()
 	l := w.offer(t, w.job(), w.w1, 10*time.Minute)
 	l, _ = unary{w.w1C}.send(t, ack(l))
 	stream := w.w1C.Lease.Channel(context.Background())
-	defer func() { _ = stream.CloseRequest(); _ = stream.CloseResponse() }()
+	t.Cleanup(func() { _ = stream.CloseRequest(); _ = stream.CloseResponse() })
 	var answered atomic.Int64
 	var sendErr, recvErr error
 	var wg sync.WaitGroup
@@ -141,10 +151,11 @@ func TestRogue41AAnHonestStreamOfSmallMessagesIsAnswered(t *testing.T) {
 	// With the clock stopped a throttled connection is read again only
 	// once the stream's window gives its frames back.
 	testserver.WaitFor(t, closeWait, "every renew answered", func() bool {
-		return answered.Load() == renews
+		return answered.Load() == int64(renews)
 	})
 	wg.Wait()
 	if sendErr != nil || recvErr != nil {
 		t.Fatalf("the stream: send %v, receive %v", sendErr, recvErr)
 	}
+	return stream, l
 }

@@ -2,14 +2,12 @@ package controlplane_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -29,30 +27,8 @@ import (
 // pass hands over are counted even when a later one fails now.
 func TestRogue41JAMovedLeaseDoesNotEraseTheBatchsHandoverCount(t *testing.T) {
 	clk := clock.NewManual(epoch)
-	var (
-		mu    sync.Mutex
-		calls int
-		move  func()
-	)
-	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) {
-		cfg.RolloutFault = func(point string) {
-			if point != "before-reassign" {
-				return
-			}
-			mu.Lock()
-			calls++
-			m := move
-			if calls == 2 { // before job-z, after job-a went over
-				move = nil
-			} else {
-				m = nil
-			}
-			mu.Unlock()
-			if m != nil {
-				m()
-			}
-		}
-	})
+	var hook reassignHook
+	srv := testserver.Start(t, testserver.WithClock(clk), hook.option())
 	admin := srv.AdminClients()
 	ctx := context.Background()
 	planner := registerLabelled(t, admin, "planner", map[string]string{"role": "planner"})
@@ -68,20 +44,11 @@ func TestRogue41JAMovedLeaseDoesNotEraseTheBatchsHandoverCount(t *testing.T) {
 		unary{wc}.send(t, ack(resp.Msg.Lease))
 	}
 	var moveErr error
-	mu.Lock()
-	move = func() {
+	hook.arm(2, func() { // before job-z, after job-a went over
 		_, moveErr = pc.Lease.Reassign(ctx, connect.NewRequest(&tetherv1.ReassignRequest{JobId: "job-z", HolderIdentity: helper.Node.NodeId, Reason: "mine now"}))
-	}
-	mu.Unlock()
-
-	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: 1,
-		DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Second), BatchDeadline: durationpb.New(time.Hour)})
-	r = waitRollout(t, srv, r.RolloutId, "to start a batch", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 1 })
-	term := r.Batches[0].TerminationId
-	testserver.WaitFor(t, 20*time.Second, "the batch's termination to finish", func() bool {
-		clk.Advance(2 * time.Second)
-		return getTermination(t, admin, term).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
 	})
+
+	r := rolloutFirstBatchDrained(t, srv, clk)
 	next := spawnLabelled(t, pc, planner.Node.NodeId, "worker-v2", map[string]string{"version": "v2"})
 	reportReady(t, admin, next.Node.NodeId)
 	testserver.WaitFor(t, 20*time.Second, "the rollout to finish", func() bool {
@@ -89,9 +56,7 @@ func TestRogue41JAMovedLeaseDoesNotEraseTheBatchsHandoverCount(t *testing.T) {
 		r = getRollout(t, admin, r.RolloutId)
 		return r.State != tetherv1.RolloutState_ROLLOUT_STATE_RUNNING
 	})
-	mu.Lock()
-	n := calls
-	mu.Unlock()
+	n := hook.reached()
 	if n < 2 || moveErr != nil {
 		t.Fatalf("the planner's move of job-z before the rollout's reassignment of it: %d reassignments seen, %v", n, moveErr)
 	}

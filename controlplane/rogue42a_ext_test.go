@@ -1,13 +1,8 @@
 package controlplane_test
 
 import (
-	"context"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/tetherhq/tether/controlplane/testserver"
 )
 
 // TestRogue42AAnHonestStreamOfSmallAnswersLeavesItsConnectionReadable: an
@@ -27,35 +22,7 @@ import (
 func TestRogue42AAnHonestStreamOfSmallAnswersLeavesItsConnectionReadable(t *testing.T) {
 	const renews = 2000
 	w := newLeaseWorld(t)
-	l := w.offer(t, w.job(), w.w1, 10*time.Minute)
-	l, _ = unary{w.w1C}.send(t, ack(l))
-	stream := w.w1C.Lease.Channel(context.Background())
-	defer func() { _ = stream.CloseRequest(); _ = stream.CloseResponse() }()
-	var answered atomic.Int64
-	var sendErr, recvErr error
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for i := range renews {
-			if sendErr = stream.Send(renew(l, uint64(i+1))); sendErr != nil {
-				return
-			}
-		}
-	})
-	wg.Go(func() {
-		for range renews {
-			if _, recvErr = stream.Receive(); recvErr != nil {
-				return
-			}
-			answered.Add(1)
-		}
-	})
-	testserver.WaitFor(t, closeWait, "every renew answered", func() bool {
-		return answered.Load() == renews
-	})
-	wg.Wait()
-	if sendErr != nil || recvErr != nil {
-		t.Fatalf("the stream: send %v, receive %v", sendErr, recvErr)
-	}
+	stream, l := renewsAllAnswered(t, w, renews)
 	// One renew more on the same stream: read only if the connection's
 	// budget was not spent on the window the answers needed.
 	got := make(chan error, 1)

@@ -9,7 +9,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane/testserver"
-	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
 )
@@ -27,10 +26,7 @@ import (
 // descendant's drain (supervisor.Supersedes); its rule now does too
 // (supervisor.PolicyTakesOver), and the call is ordered to cancel.
 func TestRogue42CDescendantsDrainDoesNotHoldOffItsAncestorsRuleAbort(t *testing.T) {
-	clk := clock.NewManual(epoch)
-	srv := testserver.Start(t, testserver.WithClock(clk), withStopPolicy(supervisor.ProposalPolicy{
-		RuleActions: []supervisor.RuleAction{{Severity: "critical", Mode: supervisor.ModeAbort}},
-	}))
+	srv, _ := startWithRuleAction(t, "critical", supervisor.ModeAbort)
 	ctx := context.Background()
 	admin := srv.AdminClients()
 	planner := register(t, admin, "planner")
@@ -38,13 +34,7 @@ func TestRogue42CDescendantsDrainDoesNotHoldOffItsAncestorsRuleAbort(t *testing.
 	rogue := spawn(t, plannerAgent, planner.Node.NodeId, "rogue")
 	rogueAgent := srv.Clients(rogue.Credential)
 	worker := spawn(t, rogueAgent, rogue.Node.NodeId, "worker")
-	grant := issueRoot(t, admin, worker.Node.NodeId, time.Hour, "tool:*")
-	gate := srv.Clients(srv.ToolServerToken(t, "gate-1"))
-	begun, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: grant.token, Tool: "shell", GateId: "gate-1"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	call := begun.Msg.Call.CallId
+	gate, call := beginShellCall(t, srv, admin, worker.Node.NodeId)
 
 	drained, err := rogueAgent.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
 		NodeId: worker.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN,
@@ -92,10 +82,7 @@ func TestRogue42CDescendantsDrainDoesNotHoldOffItsAncestorsRuleAbort(t *testing.
 // deadline of the stop it takes over there (supervisor.Inherit): the call
 // is ordered to cancel when the planner's second is up.
 func TestRogue42CMakingAnOperatorsDrainRuleTrueWinsTheWorkerNoTime(t *testing.T) {
-	clk := clock.NewManual(epoch)
-	srv := testserver.Start(t, testserver.WithClock(clk), withStopPolicy(supervisor.ProposalPolicy{
-		RuleActions: []supervisor.RuleAction{{Severity: "warning", Mode: supervisor.ModeDrain}},
-	}))
+	srv, clk := startWithRuleAction(t, "warning", supervisor.ModeDrain)
 	ctx := context.Background()
 	admin := srv.AdminClients()
 	planner := register(t, admin, "planner")
@@ -105,13 +92,7 @@ func TestRogue42CMakingAnOperatorsDrainRuleTrueWinsTheWorkerNoTime(t *testing.T)
 	rule := addRule(t, admin, &tetherv1.AddStopRuleRequest{
 		NodeId: planner.Node.NodeId, Name: "alarm", Severity: "warning", Expression: `self_reported.?alarm.orValue(0.0) >= 1.0`,
 	})
-	grant := issueRoot(t, admin, worker.Node.NodeId, time.Hour, "tool:*")
-	gate := srv.Clients(srv.ToolServerToken(t, "gate-1"))
-	begun, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: grant.token, Tool: "shell", GateId: "gate-1"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	call := begun.Msg.Call.CallId
+	gate, call := beginShellCall(t, srv, admin, worker.Node.NodeId)
 
 	drained, err := plannerAgent.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
 		NodeId: worker.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN,

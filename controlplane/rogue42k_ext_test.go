@@ -2,14 +2,12 @@ package controlplane_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -31,26 +29,8 @@ import (
 // ready, and goes to it.
 func TestRogue42KAReplacementThatExitsMidPassIsHandedNoJob(t *testing.T) {
 	clk := clock.NewManual(epoch)
-	var (
-		mu    sync.Mutex
-		calls int
-		exit  func()
-	)
-	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) {
-		cfg.RolloutFault = func(point string) {
-			if point != "before-reassign" {
-				return
-			}
-			mu.Lock()
-			calls++
-			e := exit
-			exit = nil
-			mu.Unlock()
-			if e != nil {
-				e()
-			}
-		}
-	})
+	var hook reassignHook
+	srv := testserver.Start(t, testserver.WithClock(clk), hook.option())
 	admin := srv.AdminClients()
 	ctx := context.Background()
 	planner := registerLabelled(t, admin, "planner", map[string]string{"role": "planner"})
@@ -63,28 +43,17 @@ func TestRogue42KAReplacementThatExitsMidPassIsHandedNoJob(t *testing.T) {
 	}
 	unary{wc}.send(t, ack(resp.Msg.Lease))
 
-	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: 1,
-		DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Second), BatchDeadline: durationpb.New(time.Hour)})
-	r = waitRollout(t, srv, r.RolloutId, "to start a batch", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 1 })
-	term := r.Batches[0].TerminationId
-	testserver.WaitFor(t, 20*time.Second, "the batch's termination to finish", func() bool {
-		clk.Advance(2 * time.Second)
-		return getTermination(t, admin, term).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
-	})
+	r := rolloutFirstBatchDrained(t, srv, clk)
 	rogue := spawnLabelled(t, pc, planner.Node.NodeId, "worker-v2", map[string]string{"version": "v2"})
 	rc := srv.Clients(rogue.Credential)
 	var exitErr error
-	mu.Lock()
-	exit = func() {
+	hook.arm(0, func() {
 		_, exitErr = rc.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: rogue.Node.NodeId, Reason: "done"}))
-	}
-	mu.Unlock()
+	})
 	reportReady(t, admin, rogue.Node.NodeId)
 	testserver.WaitFor(t, 20*time.Second, "the rollout's first handover pass", func() bool {
 		clk.Advance(2 * time.Second)
-		mu.Lock()
-		defer mu.Unlock()
-		return calls > 0
+		return hook.reached() > 0
 	})
 	if exitErr != nil {
 		t.Fatalf("the replacement's exit claim: %v", exitErr)

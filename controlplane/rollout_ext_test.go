@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/agentsdk"
+	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -441,6 +442,69 @@ func startRollout(t *testing.T, c *testserver.Clients, req *tetherv1.RolloutRequ
 		t.Fatalf("rollout: %v", err)
 	}
 	return resp.Msg.Rollout
+}
+
+// rolloutFirstBatchDrained starts a rollout from version=v1 to version=v2
+// one node a batch (second-long drain and confirm windows, an hour's batch
+// deadline) and advances clk until its first batch's termination finishes.
+func rolloutFirstBatchDrained(t *testing.T, srv *testserver.Server, clk *clock.Manual) *tetherv1.Rollout {
+	t.Helper()
+	admin := srv.AdminClients()
+	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: 1,
+		DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Second), BatchDeadline: durationpb.New(time.Hour)})
+	r = waitRollout(t, srv, r.RolloutId, "to start a batch", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 1 })
+	term := r.Batches[0].TerminationId
+	testserver.WaitFor(t, 20*time.Second, "the batch's termination to finish", func() bool {
+		clk.Advance(2 * time.Second)
+		return getTermination(t, admin, term).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+	})
+	return r
+}
+
+// reassignHook hooks the rollout's "before-reassign" fault point (install
+// it with option): it counts the points reached and runs a step armed for
+// one of them.
+type reassignHook struct {
+	mu    sync.Mutex
+	calls int
+	at    int // the point the step runs at, counted from the first; 0 for the next one
+	step  func()
+}
+
+func (h *reassignHook) option() testserver.Option {
+	return func(cfg *controlplane.Config) {
+		cfg.RolloutFault = func(point string) {
+			if point != "before-reassign" {
+				return
+			}
+			h.mu.Lock()
+			h.calls++
+			s := h.step
+			if h.at == 0 || h.calls == h.at {
+				h.step = nil
+			} else {
+				s = nil
+			}
+			h.mu.Unlock()
+			if s != nil {
+				s()
+			}
+		}
+	}
+}
+
+// arm has step run once, at the at-th point reached (0: the next one).
+func (h *reassignHook) arm(at int, step func()) {
+	h.mu.Lock()
+	h.at, h.step = at, step
+	h.mu.Unlock()
+}
+
+// reached is how many points have been reached.
+func (h *reassignHook) reached() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.calls
 }
 
 func getRollout(t *testing.T, c *testserver.Clients, id string) *tetherv1.Rollout {

@@ -88,6 +88,31 @@ func withStopPolicy(p supervisor.ProposalPolicy) testserver.Option {
 	return func(cfg *controlplane.Config) { cfg.StopPolicy = p }
 }
 
+// startWithRuleAction starts a server on a manual clock at epoch whose
+// stop policy acts on a rule of severity with mode.
+func startWithRuleAction(t *testing.T, severity string, mode supervisor.Mode) (*testserver.Server, *clock.Manual) {
+	t.Helper()
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk), withStopPolicy(supervisor.ProposalPolicy{
+		RuleActions: []supervisor.RuleAction{{Severity: severity, Mode: mode}},
+	}))
+	return srv, clk
+}
+
+// beginShellCall issues holder a root grant (an hour, tool:*) and has it
+// begin a "shell" call through gate "gate-1", left open; it returns the
+// gate's clients and the call's id.
+func beginShellCall(t *testing.T, srv *testserver.Server, admin *testserver.Clients, holder string) (gate *testserver.Clients, call string) {
+	t.Helper()
+	grant := issueRoot(t, admin, holder, time.Hour, "tool:*")
+	gate = srv.Clients(srv.ToolServerToken(t, "gate-1"))
+	begun, err := gate.Tool.BeginCall(context.Background(), connect.NewRequest(&tetherv1.BeginCallRequest{Token: grant.token, Tool: "shell", GateId: "gate-1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return gate, begun.Msg.Call.CallId
+}
+
 func TestStopRuleOverObservedToolCallsFilesExactlyOneProposal(t *testing.T) {
 	srv := testserver.Start(t)
 	admin := srv.AdminClients()

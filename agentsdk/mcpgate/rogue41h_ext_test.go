@@ -1,13 +1,10 @@
 package mcpgate_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -40,34 +37,26 @@ func inputAskingUpstream(t *testing.T, asks int) (url string, rounds, answers fu
 	for i := range asks {
 		ask[fmt.Sprintf("r%d", i)] = map[string]any{"method": "roots/list", "params": map[string]any{}}
 	}
-	up := httptest.NewServer(http.HandlerFunc(func(wr http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost {
-			body, err := io.ReadAll(r.Body)
-			if err != nil {
-				return
+	up := frontedUpstream(t, sdk, func(wr http.ResponseWriter, _ *http.Request, body []byte) bool {
+		msg, err := jsonrpc.DecodeMessage(body)
+		if req, ok := msg.(*jsonrpc.Request); err == nil && ok && req.Method == "tools/call" {
+			var params struct {
+				InputResponses map[string]json.RawMessage `json:"inputResponses"`
 			}
-			r.Body = io.NopCloser(bytes.NewReader(body))
-			msg, err := jsonrpc.DecodeMessage(body)
-			if req, ok := msg.(*jsonrpc.Request); err == nil && ok && req.Method == "tools/call" {
-				var params struct {
-					InputResponses map[string]json.RawMessage `json:"inputResponses"`
-				}
-				_ = json.Unmarshal(req.Params, &params)
-				mu.Lock()
-				nRounds++
-				nAnswers += len(params.InputResponses)
-				mu.Unlock()
-				answer, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": req.ID.Raw(), "result": map[string]any{
-					"resultType": "input_required", "inputRequests": ask, "requestState": "again",
-				}})
-				wr.Header().Set("Content-Type", "application/json")
-				_, _ = wr.Write(answer)
-				return
-			}
+			_ = json.Unmarshal(req.Params, &params)
+			mu.Lock()
+			nRounds++
+			nAnswers += len(params.InputResponses)
+			mu.Unlock()
+			answer, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": req.ID.Raw(), "result": map[string]any{
+				"resultType": "input_required", "inputRequests": ask, "requestState": "again",
+			}})
+			wr.Header().Set("Content-Type", "application/json")
+			_, _ = wr.Write(answer)
+			return true
 		}
-		sdk.ServeHTTP(wr, r)
-	}))
-	t.Cleanup(up.Close)
+		return false
+	})
 	return up.URL + "/",
 		func() int { mu.Lock(); defer mu.Unlock(); return nRounds },
 		func() int { mu.Lock(); defer mu.Unlock(); return nAnswers }

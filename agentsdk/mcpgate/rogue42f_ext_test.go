@@ -1,13 +1,10 @@
 package mcpgate_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"runtime"
 	"strings"
 	"sync"
@@ -35,54 +32,46 @@ func paddedListingUpstream(t *testing.T, pages, padBytes int, pad string) (url s
 	padding := strings.Repeat("x", padBytes)
 	var mu sync.Mutex
 	n := 0
-	up := httptest.NewServer(http.HandlerFunc(func(wr http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost {
-			body, err := io.ReadAll(r.Body)
-			if err != nil {
-				return
+	up := frontedUpstream(t, sdk, func(wr http.ResponseWriter, _ *http.Request, body []byte) bool {
+		msg, err := jsonrpc.DecodeMessage(body)
+		if req, ok := msg.(*jsonrpc.Request); err == nil && ok && req.Method == "tools/list" {
+			var params struct {
+				Cursor string `json:"cursor"`
 			}
-			r.Body = io.NopCloser(bytes.NewReader(body))
-			msg, err := jsonrpc.DecodeMessage(body)
-			if req, ok := msg.(*jsonrpc.Request); err == nil && ok && req.Method == "tools/list" {
-				var params struct {
-					Cursor string `json:"cursor"`
-				}
-				_ = json.Unmarshal(req.Params, &params)
-				page := 1
-				if params.Cursor != "" {
-					_, _ = fmt.Sscanf(params.Cursor, "p%d", &page)
-				}
-				mu.Lock()
-				n++
-				mu.Unlock()
-				res := map[string]any{"tools": []any{}, "ttlMs": 0}
-				if page == 1 {
-					res["tools"] = []any{map[string]any{"name": "echo", "inputSchema": map[string]any{"type": "object"}}}
-				}
+			_ = json.Unmarshal(req.Params, &params)
+			page := 1
+			if params.Cursor != "" {
+				_, _ = fmt.Sscanf(params.Cursor, "p%d", &page)
+			}
+			mu.Lock()
+			n++
+			mu.Unlock()
+			res := map[string]any{"tools": []any{}, "ttlMs": 0}
+			if page == 1 {
+				res["tools"] = []any{map[string]any{"name": "echo", "inputSchema": map[string]any{"type": "object"}}}
+			}
+			if page < pages {
+				res["nextCursor"] = fmt.Sprintf("p%d-", page+1)
+			}
+			switch pad {
+			case "meta":
+				res["_meta"] = map[string]any{"pad": padding}
+			case "cacheScope":
+				res["cacheScope"] = padding
+			case "resultType":
+				res["resultType"] = padding
+			case "cursor":
 				if page < pages {
-					res["nextCursor"] = fmt.Sprintf("p%d-", page+1)
+					res["nextCursor"] = fmt.Sprintf("p%d-%s", page+1, padding)
 				}
-				switch pad {
-				case "meta":
-					res["_meta"] = map[string]any{"pad": padding}
-				case "cacheScope":
-					res["cacheScope"] = padding
-				case "resultType":
-					res["resultType"] = padding
-				case "cursor":
-					if page < pages {
-						res["nextCursor"] = fmt.Sprintf("p%d-%s", page+1, padding)
-					}
-				}
-				answer, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": req.ID.Raw(), "result": res})
-				wr.Header().Set("Content-Type", "application/json")
-				_, _ = wr.Write(answer)
-				return
 			}
+			answer, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": req.ID.Raw(), "result": res})
+			wr.Header().Set("Content-Type", "application/json")
+			_, _ = wr.Write(answer)
+			return true
 		}
-		sdk.ServeHTTP(wr, r)
-	}))
-	t.Cleanup(up.Close)
+		return false
+	})
 	return up.URL + "/", func() int { mu.Lock(); defer mu.Unlock(); return n }
 }
 

@@ -29,6 +29,44 @@ async function until(cond: () => boolean, ms: number, what: string): Promise<voi
   }
 }
 
+/**
+ * An interceptor that, once injected() holds, records in after each
+ * session the agent tries: "pending", then "opened" or the code it ended
+ * with.
+ */
+function sessionsAfter(injected: () => boolean, after: string[]): Interceptor {
+  return (next) => async (req) => {
+    if (!injected() || req.method.name !== "Session") return next(req);
+    const i = after.push("pending") - 1;
+    try {
+      const res = await next(req);
+      after[i] = "opened";
+      return res;
+    } catch (err) {
+      after[i] = Code[ConnectError.from(err).code];
+      throw err;
+    }
+  };
+}
+
+/**
+ * Registers a root agent called name whose calls pass counter, then the
+ * SDK's own interceptor, then hostile, one attempt each; sessions are its
+ * HTTP/2 session managers, for the test to abort.
+ */
+async function registerOnPath(name: string, counter: Interceptor, hostile: Interceptor): Promise<{ agent: Agent; sessions: Http2SessionManager[] }> {
+  const sessions: Http2SessionManager[] = [];
+  const agent = await Agent.registerRoot(server.operator, name, {}, {
+    retry: { attempts: 1 },
+    transport: (auth) => {
+      const sessionManager = new Http2SessionManager(server.baseUrl);
+      sessions.push(sessionManager);
+      return createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2", sessionManager, interceptors: [counter, auth, hostile], readMaxBytes: MaxMessageBytes });
+    },
+  });
+  return { agent, sessions };
+}
+
 // The credentials a hostile element on the path hands the agent, each
 // made from its own (so that only its shape is wrong).
 const bad: [string, (own: string) => string][] = [
@@ -59,18 +97,7 @@ describe("rogue42G: a refreshed credential the agent cannot present does not dea
       let injected = false;
       let credential = "";
       const after: string[] = [];
-      const counter: Interceptor = (next) => async (req) => {
-        if (!injected || req.method.name !== "Session") return next(req);
-        const i = after.push("pending") - 1;
-        try {
-          const res = await next(req);
-          after[i] = "opened";
-          return res;
-        } catch (err) {
-          after[i] = Code[ConnectError.from(err).code];
-          throw err;
-        }
-      };
+      const counter = sessionsAfter(() => injected, after);
       const hostile: Interceptor = (next) => async (req) => {
         if (injected) return next(req);
         if (req.method.name === "Session") {
@@ -100,15 +127,7 @@ describe("rogue42G: a refreshed credential the agent cannot present does not dea
         }
         return next(req);
       };
-      const sessions: Http2SessionManager[] = [];
-      const agent = await Agent.registerRoot(server.operator, `rogue42g-${path}`, {}, {
-        retry: { attempts: 1 },
-        transport: (auth) => {
-          const sessionManager = new Http2SessionManager(server.baseUrl);
-          sessions.push(sessionManager);
-          return createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2", sessionManager, interceptors: [counter, auth, hostile], readMaxBytes: MaxMessageBytes });
-        },
-      });
+      const { agent, sessions } = await registerOnPath(`rogue42g-${path}`, counter, hostile);
       const own = agent.credential;
       credential = make(own);
       assert.ok(!compactJWS(credential), "the hostile credential has a credential's shape");
@@ -159,18 +178,7 @@ describe("rogue42G: an opened message naming another node does not change who th
       const other = what === "another node" ? (await Agent.registerRoot(server.operator, "rogue42g-other")).node : create(NodeSchema, { name: "rogue42g-nobody" });
       let injected = false;
       const after: string[] = [];
-      const counter: Interceptor = (next) => async (req) => {
-        if (!injected || req.method.name !== "Session") return next(req);
-        const i = after.push("pending") - 1;
-        try {
-          const res = await next(req);
-          after[i] = "opened";
-          return res;
-        } catch (err) {
-          after[i] = Code[ConnectError.from(err).code];
-          throw err;
-        }
-      };
+      const counter = sessionsAfter(() => injected, after);
       const hostile: Interceptor = (next) => async (req) => {
         if (injected || req.method.name !== "Session") return next(req);
         const res = await next(req);
@@ -189,15 +197,7 @@ describe("rogue42G: an opened message naming another node does not change who th
         };
         return { ...res, message: messages() } as typeof res;
       };
-      const sessions: Http2SessionManager[] = [];
-      const agent = await Agent.registerRoot(server.operator, "rogue42g-opened", {}, {
-        retry: { attempts: 1 },
-        transport: (auth) => {
-          const sessionManager = new Http2SessionManager(server.baseUrl);
-          sessions.push(sessionManager);
-          return createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2", sessionManager, interceptors: [counter, auth, hostile], readMaxBytes: MaxMessageBytes });
-        },
-      });
+      const { agent, sessions } = await registerOnPath("rogue42g-opened", counter, hostile);
       const id = agent.nodeId;
       const stop = new AbortController();
       let ended = "";
