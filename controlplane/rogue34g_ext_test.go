@@ -51,22 +51,7 @@ func TestRogue34GOwnApprovedDrainDoesNotHoldOffTheOperatorsRuleAbort(t *testing.
 	rule := addRule(t, admin, &tetherv1.AddStopRuleRequest{
 		NodeId: rogue.Node.NodeId, Name: "runaway", Severity: "critical", Expression: `observed.calls >= 1`,
 	})
-	p := waitRuleProposal(t, srv, rule.RuleId)
-	if p.TerminationId == "" || p.DecidedBy != "policy:stop-rule-action" || p.Mode != tetherv1.TerminationMode_TERMINATION_MODE_ABORT {
-		t.Fatalf("the operator's rule's proposal is %v (decided by %q, termination %q): want the policy's abort, not a wait for an operator while the rogue drains on its own 24 h window", p.State, p.DecidedBy, p.TerminationId)
-	}
-	testserver.WaitFor(t, 20*time.Second, "the policy's abort to take the rogue over", func() bool {
-		n, err := admin.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: rogue.Node.NodeId}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n.Msg.Node.State == tetherv1.NodeState_NODE_STATE_ABORTING && n.Msg.Node.TerminationId == p.TerminationId
-	})
-	// The call in flight is ordered to cancel now, not a day from now: the
-	// gate's acknowledgement is taken.
-	if _, err := gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: call, GateId: "gate-1"})); err != nil {
-		t.Fatalf("the gate acknowledging the abort's cancel of the rogue's call: %v", err)
-	}
+	policysAbortCancelsTheCall(t, srv, rule.RuleId, rogue.Node.NodeId, gate, call, "operator", "rogue")
 }
 
 // A v1 agent that is a rollout's target proposes its own drain with a

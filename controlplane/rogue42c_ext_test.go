@@ -52,22 +52,7 @@ func TestRogue42CDescendantsDrainDoesNotHoldOffItsAncestorsRuleAbort(t *testing.
 	if rule.SetBy != "agent:"+planner.Node.NodeId {
 		t.Fatalf("the rule is set by %q, want the planner", rule.SetBy)
 	}
-	p := waitRuleProposal(t, srv, rule.RuleId)
-	if p.TerminationId == "" || p.DecidedBy != "policy:stop-rule-action" || p.Mode != tetherv1.TerminationMode_TERMINATION_MODE_ABORT {
-		t.Fatalf("the planner's rule's proposal is %v (decided by %q, termination %q): want the policy's abort, not a wait for an operator while the worker drains on the rogue's 24 h window", p.State, p.DecidedBy, p.TerminationId)
-	}
-	testserver.WaitFor(t, 20*time.Second, "the policy's abort to take the worker over", func() bool {
-		n, err := admin.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: worker.Node.NodeId}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n.Msg.Node.State == tetherv1.NodeState_NODE_STATE_ABORTING && n.Msg.Node.TerminationId == p.TerminationId
-	})
-	// The call in flight is ordered to cancel now, not a day from now: the
-	// gate's acknowledgement is taken.
-	if _, err := gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: call, GateId: "gate-1"})); err != nil {
-		t.Fatalf("the gate acknowledging the abort's cancel of the worker's call: %v", err)
-	}
+	policysAbortCancelsTheCall(t, srv, rule.RuleId, worker.Node.NodeId, gate, call, "planner", "worker")
 }
 
 // An honest planner drains its rogue worker, whose call is in flight, with

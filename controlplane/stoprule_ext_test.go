@@ -113,6 +113,30 @@ func beginShellCall(t *testing.T, srv *testserver.Server, admin *testserver.Clie
 	return gate, begun.Msg.Call.CallId
 }
 
+// policysAbortCancelsTheCall checks that rule's proposal is the policy's
+// abort (no wait for an operator while node drains on a window a lower
+// authority chose), waits for that abort to take node over, and has the
+// gate acknowledge its cancel of call: the call is ordered to cancel now,
+// not a day from now. setter and node name them in failures.
+func policysAbortCancelsTheCall(t *testing.T, srv *testserver.Server, ruleID, nodeID string, gate *testserver.Clients, call, setter, node string) {
+	t.Helper()
+	ctx := context.Background()
+	p := waitRuleProposal(t, srv, ruleID)
+	if p.TerminationId == "" || p.DecidedBy != "policy:stop-rule-action" || p.Mode != tetherv1.TerminationMode_TERMINATION_MODE_ABORT {
+		t.Fatalf("the %s's rule's proposal is %v (decided by %q, termination %q): want the policy's abort, not a wait for an operator while the %s drains on a 24 h window", setter, p.State, p.DecidedBy, p.TerminationId, node)
+	}
+	testserver.WaitFor(t, 20*time.Second, "the policy's abort to take the "+node+" over", func() bool {
+		n, err := srv.AdminClients().Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: nodeID}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n.Msg.Node.State == tetherv1.NodeState_NODE_STATE_ABORTING && n.Msg.Node.TerminationId == p.TerminationId
+	})
+	if _, err := gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: call, GateId: "gate-1"})); err != nil {
+		t.Fatalf("the gate acknowledging the abort's cancel of the %s's call: %v", node, err)
+	}
+}
+
 func TestStopRuleOverObservedToolCallsFilesExactlyOneProposal(t *testing.T) {
 	srv := testserver.Start(t)
 	admin := srv.AdminClients()
