@@ -84,16 +84,9 @@ type rogue41iBody struct {
 func (b *rogue41iBody) Read(p []byte) (int, error) {
 	if !b.done {
 		b.done = true
-		var head [5]byte
-		if _, err := io.ReadFull(b.upstream, head[:]); err != nil {
+		if err := relayFirstEnvelope(b.upstream, &b.out); err != nil {
 			return 0, err
 		}
-		body := make([]byte, binary.BigEndian.Uint32(head[1:]))
-		if _, err := io.ReadFull(b.upstream, body); err != nil {
-			return 0, err
-		}
-		b.out.Write(head[:])
-		b.out.Write(body)
 		var mine [5]byte
 		binary.BigEndian.PutUint32(mine[1:], uint32(len(b.injected)))
 		b.out.Write(mine[:])
@@ -170,4 +163,20 @@ func TestRogue41IARefreshedCredentialTheAgentCannotPresentDoesNotDeafenIt(t *tes
 			}
 		})
 	}
+}
+
+// relayFirstEnvelope copies the first Connect envelope (its 5-byte head
+// and its message) of upstream into out, as a path relays it.
+func relayFirstEnvelope(upstream io.Reader, out *bytes.Buffer) error {
+	var head [5]byte
+	if _, err := io.ReadFull(upstream, head[:]); err != nil {
+		return err
+	}
+	body := make([]byte, binary.BigEndian.Uint32(head[1:]))
+	if _, err := io.ReadFull(upstream, body); err != nil {
+		return err
+	}
+	out.Write(head[:])
+	out.Write(body)
+	return nil
 }

@@ -3,7 +3,6 @@ package agentsdk_test
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"io"
 	"net/http"
 	"strings"
@@ -56,16 +55,9 @@ type rogue42jSilentBody struct {
 func (b *rogue42jSilentBody) Read(p []byte) (int, error) {
 	if !b.relayed {
 		b.relayed = true
-		var head [5]byte
-		if _, err := io.ReadFull(b.upstream, head[:]); err != nil {
+		if err := relayFirstEnvelope(b.upstream, &b.out); err != nil {
 			return 0, err
 		}
-		body := make([]byte, binary.BigEndian.Uint32(head[1:]))
-		if _, err := io.ReadFull(b.upstream, body); err != nil {
-			return 0, err
-		}
-		b.out.Write(head[:])
-		b.out.Write(body)
 	}
 	if b.out.Len() > 0 {
 		return b.out.Read(p)
