@@ -3,13 +3,9 @@ package controlplane_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/tetherhq/tether/controlplane/testserver"
-	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -26,23 +22,10 @@ import (
 // no open lease, marked the batch handed over with that 0. The leases a
 // pass hands over are counted even when a later one fails now.
 func TestRogue41JAMovedLeaseDoesNotEraseTheBatchsHandoverCount(t *testing.T) {
-	clk := clock.NewManual(epoch)
-	var hook reassignHook
-	srv := testserver.Start(t, testserver.WithClock(clk), hook.option())
-	admin := srv.AdminClients()
+	f := newHandoverFixture(t, "job-a", "job-z")
+	srv, clk, hook, admin, planner, pc := f.srv, f.clk, f.hook, f.admin, f.planner, f.pc
 	ctx := context.Background()
-	planner := registerLabelled(t, admin, "planner", map[string]string{"role": "planner"})
-	pc := srv.Clients(planner.Credential)
-	worker := spawnLabelled(t, pc, planner.Node.NodeId, "worker", map[string]string{"version": "v1"})
-	wc := srv.Clients(worker.Credential)
 	helper := spawnLabelled(t, pc, planner.Node.NodeId, "helper", map[string]string{"role": "helper"})
-	for _, job := range []string{"job-a", "job-z"} {
-		resp, err := pc.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: worker.Node.NodeId, LeaseDuration: durationpb.New(10 * time.Minute)}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		unary{wc}.send(t, ack(resp.Msg.Lease))
-	}
 	var moveErr error
 	hook.arm(2, func() { // before job-z, after job-a went over
 		_, moveErr = pc.Lease.Reassign(ctx, connect.NewRequest(&tetherv1.ReassignRequest{JobId: "job-z", HolderIdentity: helper.Node.NodeId, Reason: "mine now"}))
@@ -51,11 +34,7 @@ func TestRogue41JAMovedLeaseDoesNotEraseTheBatchsHandoverCount(t *testing.T) {
 	r := rolloutFirstBatchDrained(t, srv, clk)
 	next := spawnLabelled(t, pc, planner.Node.NodeId, "worker-v2", map[string]string{"version": "v2"})
 	reportReady(t, admin, next.Node.NodeId)
-	testserver.WaitFor(t, 20*time.Second, "the rollout to finish", func() bool {
-		clk.Advance(2 * time.Second) // the reconciler's retry after a failed pass is on the clock
-		r = getRollout(t, admin, r.RolloutId)
-		return r.State != tetherv1.RolloutState_ROLLOUT_STATE_RUNNING
-	})
+	r = f.finished(t, r) // the reconciler's retry after a failed pass is on the clock
 	n := hook.reached()
 	if n < 2 || moveErr != nil {
 		t.Fatalf("the planner's move of job-z before the rollout's reassignment of it: %d reassignments seen, %v", n, moveErr)

@@ -6,10 +6,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane/testserver"
-	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -28,20 +26,9 @@ import (
 // job stays with the drained worker, waits for a replacement that is
 // ready, and goes to it.
 func TestRogue42KAReplacementThatExitsMidPassIsHandedNoJob(t *testing.T) {
-	clk := clock.NewManual(epoch)
-	var hook reassignHook
-	srv := testserver.Start(t, testserver.WithClock(clk), hook.option())
-	admin := srv.AdminClients()
+	f := newHandoverFixture(t, "job-a")
+	srv, clk, hook, admin, planner, pc := f.srv, f.clk, f.hook, f.admin, f.planner, f.pc
 	ctx := context.Background()
-	planner := registerLabelled(t, admin, "planner", map[string]string{"role": "planner"})
-	pc := srv.Clients(planner.Credential)
-	worker := spawnLabelled(t, pc, planner.Node.NodeId, "worker", map[string]string{"version": "v1"})
-	wc := srv.Clients(worker.Credential)
-	resp, err := pc.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job-a", HolderIdentity: worker.Node.NodeId, LeaseDuration: durationpb.New(10 * time.Minute)}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	unary{wc}.send(t, ack(resp.Msg.Lease))
 
 	r := rolloutFirstBatchDrained(t, srv, clk)
 	rogue := spawnLabelled(t, pc, planner.Node.NodeId, "worker-v2", map[string]string{"version": "v2"})
@@ -60,11 +47,7 @@ func TestRogue42KAReplacementThatExitsMidPassIsHandedNoJob(t *testing.T) {
 	}
 	honest := spawnLabelled(t, pc, planner.Node.NodeId, "worker-v2b", map[string]string{"version": "v2"})
 	reportReady(t, admin, honest.Node.NodeId)
-	testserver.WaitFor(t, 20*time.Second, "the rollout to finish", func() bool {
-		clk.Advance(2 * time.Second)
-		r = getRollout(t, admin, r.RolloutId)
-		return r.State != tetherv1.RolloutState_ROLLOUT_STATE_RUNNING
-	})
+	r = f.finished(t, r)
 	if got := operatorLease(t, admin, "job-a"); got.HolderIdentity != honest.Node.NodeId || got.LeaseGeneration != 2 {
 		t.Fatalf("job-a: generation %d held by %s (the exited replacement is %s), want generation 2 held by the ready replacement %s",
 			got.LeaseGeneration, got.HolderIdentity, rogue.Node.NodeId, honest.Node.NodeId)

@@ -461,6 +461,51 @@ func rolloutFirstBatchDrained(t *testing.T, srv *testserver.Server, clk *clock.M
 	return r
 }
 
+// handoverFixture is a rollout's handover scene: a server on a manual
+// clock with the rollout's reassignment hook, a planner (role=planner)
+// and its v1 worker holding, acknowledged, each of the jobs it was made
+// with (leases of ten minutes the planner offered).
+type handoverFixture struct {
+	srv     *testserver.Server
+	clk     *clock.Manual
+	hook    *reassignHook
+	admin   *testserver.Clients
+	planner *tetherv1.RegisterRootResponse
+	pc      *testserver.Clients
+	worker  *tetherv1.SpawnResponse
+}
+
+func newHandoverFixture(t *testing.T, jobs ...string) *handoverFixture {
+	t.Helper()
+	f := &handoverFixture{clk: clock.NewManual(epoch), hook: &reassignHook{}}
+	f.srv = testserver.Start(t, testserver.WithClock(f.clk), f.hook.option())
+	f.admin = f.srv.AdminClients()
+	f.planner = registerLabelled(t, f.admin, "planner", map[string]string{"role": "planner"})
+	f.pc = f.srv.Clients(f.planner.Credential)
+	f.worker = spawnLabelled(t, f.pc, f.planner.Node.NodeId, "worker", map[string]string{"version": "v1"})
+	wc := f.srv.Clients(f.worker.Credential)
+	for _, job := range jobs {
+		resp, err := f.pc.Lease.Offer(context.Background(), connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: f.worker.Node.NodeId, LeaseDuration: durationpb.New(10 * time.Minute)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		unary{wc}.send(t, ack(resp.Msg.Lease))
+	}
+	return f
+}
+
+// finished waits, advancing the clock (the reconciler's retries are on
+// it), until rollout r is no longer running, and returns it.
+func (f *handoverFixture) finished(t *testing.T, r *tetherv1.Rollout) *tetherv1.Rollout {
+	t.Helper()
+	testserver.WaitFor(t, 20*time.Second, "the rollout to finish", func() bool {
+		f.clk.Advance(2 * time.Second)
+		r = getRollout(t, f.admin, r.RolloutId)
+		return r.State != tetherv1.RolloutState_ROLLOUT_STATE_RUNNING
+	})
+	return r
+}
+
 // reassignHook hooks the rollout's "before-reassign" fault point (install
 // it with option): it counts the points reached and runs a step armed for
 // one of them.
