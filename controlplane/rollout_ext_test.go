@@ -514,6 +514,9 @@ type reassignHook struct {
 	calls int
 	at    int // the point the step runs at, counted from the first; 0 for the next one
 	step  func()
+	// passed: the points passed, each counted once the step armed for it
+	// returned (what the step wrote is the test's to read then).
+	passed int
 }
 
 func (h *reassignHook) option() testserver.Option {
@@ -534,6 +537,9 @@ func (h *reassignHook) option() testserver.Option {
 			if s != nil {
 				s()
 			}
+			h.mu.Lock()
+			h.passed++
+			h.mu.Unlock()
 		}
 	}
 }
@@ -545,11 +551,12 @@ func (h *reassignHook) arm(at int, step func()) {
 	h.mu.Unlock()
 }
 
-// reached is how many points have been reached.
+// reached is how many points have been passed, the step armed for one
+// having returned.
 func (h *reassignHook) reached() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.calls
+	return h.passed
 }
 
 func getRollout(t *testing.T, c *testserver.Clients, id string) *tetherv1.Rollout {
