@@ -19,17 +19,7 @@ import (
 // coordinator's, not the holder's own result overtaking its ACK: an
 // acknowledgement after it is refused, and changes nothing.
 func TestRogue31BAnAckRefusedWhileUnresolvedStaysRefusedOnceFailed(t *testing.T) {
-	p := lease.DefaultPolicy()
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	step := func(l lease.Lease, m lease.Message, now time.Time, want lease.Outcome) lease.Lease {
-		t.Helper()
-		next, d, _ := lease.Step(l, m, now, p)
-		if d.Outcome != want {
-			t.Fatalf("%s at %s: %s, want %s", m.Kind(), now.Sub(t0), d, want)
-		}
-		return next
-	}
+	p, at, step := leaseSteps(t)
 	c := lease.Claim{JobID: "j1", LeaseID: "L1", Generation: 1, HolderIdentity: "w1"}
 	l := step(lease.Lease{}, lease.Offer{JobID: "j1", LeaseID: "L1", HolderIdentity: "w1", LeaseDuration: 10 * time.Minute}, at(0), lease.OutcomeAccepted)
 	l = step(l, lease.Ack{Claim: c}, at(time.Second), lease.OutcomeAccepted)
@@ -53,4 +43,22 @@ func TestRogue31BAnAckRefusedWhileUnresolvedStaysRefusedOnceFailed(t *testing.T)
 			t.Errorf("%s: the holder's acknowledgement after it is %s (cancel_ack=%v, %s), want refused, FAILED without an acknowledgement", end.what, d, after.CancelAck, after.TerminalResult)
 		}
 	}
+}
+
+// leaseSteps is a lease transcript's means under the default policy p:
+// at is a time d after its start (2026-01-01), and step judges m at now,
+// failing the test unless its outcome is want, and returns the lease after.
+func leaseSteps(t *testing.T) (p lease.Policy, at func(d time.Duration) time.Time, step func(l lease.Lease, m lease.Message, now time.Time, want lease.Outcome) lease.Lease) {
+	p = lease.DefaultPolicy()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at = func(d time.Duration) time.Time { return t0.Add(d) }
+	step = func(l lease.Lease, m lease.Message, now time.Time, want lease.Outcome) lease.Lease {
+		t.Helper()
+		next, d, _ := lease.Step(l, m, now, p)
+		if d.Outcome != want {
+			t.Fatalf("%s at %s: %s, want %s", m.Kind(), now.Sub(t0), d, want)
+		}
+		return next
+	}
+	return p, at, step
 }

@@ -17,17 +17,7 @@ import (
 // FAILED leaves its acknowledgement to record (a reordering stream); after
 // the coordinator's, the acknowledgement is refused and changes nothing.
 func TestRogue32CAnAckAfterTheCoordinatorsFailedIsRefused(t *testing.T) {
-	p := lease.DefaultPolicy()
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	step := func(l lease.Lease, m lease.Message, now time.Time, want lease.Outcome) lease.Lease {
-		t.Helper()
-		next, d, _ := lease.Step(l, m, now, p)
-		if d.Outcome != want {
-			t.Fatalf("%s at %s: %s, want %s", m.Kind(), now.Sub(t0), d, want)
-		}
-		return next
-	}
+	p, at, step := leaseSteps(t)
 	c := lease.Claim{JobID: "j1", LeaseID: "L1", Generation: 1, HolderIdentity: "w1"}
 	l := step(lease.Lease{}, lease.Offer{JobID: "j1", LeaseID: "L1", HolderIdentity: "w1", LeaseDuration: 10 * time.Minute}, at(0), lease.OutcomeAccepted)
 	l = step(l, lease.Ack{Claim: c}, at(time.Second), lease.OutcomeAccepted)

@@ -21,17 +21,7 @@ import (
 // value is now DUPLICATE in every state; new progress after the end is
 // still late evidence.
 func TestRogue42MRetransmittedProgressIsNoLateProgressAfterTheEnd(t *testing.T) {
-	p := lease.DefaultPolicy()
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	step := func(l lease.Lease, m lease.Message, now time.Time, want lease.Outcome) lease.Lease {
-		t.Helper()
-		next, d, _ := lease.Step(l, m, now, p)
-		if d.Outcome != want {
-			t.Fatalf("%s at %s: %s, want %s", m.Kind(), now.Sub(t0), d, want)
-		}
-		return next
-	}
+	p, at, step := leaseSteps(t)
 	c := lease.Claim{JobID: "j1", LeaseID: "L1", Generation: 1, HolderIdentity: "w1"}
 	prog := lease.Progress{Claim: c, ProgressSequence: 5, ProgressValue: "50%"}
 	l := step(lease.Lease{}, lease.Offer{JobID: "j1", LeaseID: "L1", HolderIdentity: "w1", LeaseDuration: time.Minute}, at(0), lease.OutcomeAccepted)
