@@ -147,11 +147,20 @@ func (h *stopRuleService) TestStopRule(ctx context.Context, req *connect.Request
 	if (req.Msg.Expression == "") == (req.Msg.RuleId == "") {
 		return nil, invalid("exactly one of expression and rule_id is required")
 	}
-	// A stored rule's author paid for it when it was added.
 	if err := chargeExpression(ctx, req.Msg.Expression); err != nil {
 		return nil, err
 	}
-	res, err := h.s.stopRules.Test(ctx, a, req.Msg.NodeId, req.Msg.Expression, req.Msg.RuleId)
+	// A stored rule named by id is priced as its expression, once the
+	// caller may test it and before it is compiled, whether or not this
+	// replica holds it compiled: the cache is bounded and cleared when
+	// full, and a rogue that cycled through more stored rules than it
+	// holds had each test compile up to 2 KiB for the call alone (its
+	// author's payment bought one compile, not one per test). Only rules
+	// the caller may test are priced (it may list them, their
+	// expressions included): another tree's is not found first.
+	res, err := h.s.stopRules.TestPriced(ctx, a, req.Msg.NodeId, req.Msg.Expression, req.Msg.RuleId, func(stored string) error {
+		return chargeExpression(ctx, stored)
+	})
 	if err != nil {
 		return nil, toConnect(err)
 	}

@@ -199,6 +199,12 @@ func (r *Rules) compileKept(expression string, keep bool) (*Compiled, error) {
 	return r.keepCompiled(c), nil
 }
 
+// MaxCompiledKept bounds the cache of stored rules' compiled expressions
+// (40–70 KiB each): past it the cache is cleared, so a stored rule is not
+// always held compiled, and a test of it by id is priced as its compile
+// (TestPriced).
+const MaxCompiledKept = 4096
+
 // keepCompiled puts a stored rule's compiled expression in the cache and
 // returns the one kept (an equal one compiled concurrently may be there).
 func (r *Rules) keepCompiled(c *Compiled) *Compiled {
@@ -207,7 +213,7 @@ func (r *Rules) keepCompiled(c *Compiled) *Compiled {
 	if kept, ok := r.compiled[c.Expression]; ok {
 		return kept
 	}
-	if r.compiled == nil || len(r.compiled) > 4096 {
+	if r.compiled == nil || len(r.compiled) > MaxCompiledKept {
 		r.compiled = map[string]*Compiled{}
 	}
 	r.compiled[c.Expression] = c
@@ -542,6 +548,17 @@ type TestResult struct {
 // Test evaluates an expression (or a stored rule's) against the node's
 // current observations, without acting.
 func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID string) (TestResult, error) {
+	return r.TestPriced(ctx, a, nodeID, expression, ruleID, nil)
+}
+
+// TestPriced is Test that calls price, when set, with a stored rule's
+// expression (the rule named by ruleID) once a may test it and before it
+// is compiled: its error refuses the test. The caller prices the compile
+// whether or not the expression is in the cache of compiled ones, which
+// holds MaxCompiledKept and is cleared when full: a rogue that cycled
+// through more stored rules than that, testing each by id, had every
+// test compile its expression for the call alone (rogue43d).
+func (r *Rules) TestPriced(ctx context.Context, a Actor, nodeID, expression, ruleID string, price func(expression string) error) (TestResult, error) {
 	if ruleID != "" {
 		if err := id.Check(id.StopRule, "rule_id", ruleID); err != nil {
 			return TestResult{}, fmt.Errorf("%w: %v", ErrInvalidRule, err)
@@ -553,6 +570,7 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 	var sums *reportedSums
 	var c *Compiled
 	var decoded int
+	priced := false
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
 		if n, err = r.readable(tx, a, nodeID); err != nil {
@@ -577,6 +595,13 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 				return err
 			}
 			expression = rule.Expression
+			if price != nil && !priced {
+				// Once, should the transaction run again.
+				priced = true
+				if err := price(expression); err != nil {
+					return err
+				}
+			}
 		}
 		// Compiled first: the subtree's counts by tool are decoded only
 		// for an expression that reads them.
