@@ -164,6 +164,12 @@ class Agent:
         self._lock = threading.Lock()
         self._on_drain: list[Callable[[Signal], Any]] = []
         self._on_abort: list[Callable[[Signal], Any]] = []
+        # The SDK's own telling of asyncio code (cancel_on_abort, the loop
+        # events): run at once as the signal is noted, as the Go SDK ends
+        # Agent.Context, never behind the agent's callbacks, one of which
+        # may wait (rogue43H tests). Each only schedules on its loop.
+        self._drain_hooks: list[Callable[[Signal], None]] = []
+        self._abort_hooks: list[Callable[[Signal], None]] = []
         # The on_abort runs going on (under _lock): an abort's run of its
         # callbacks, or one registered after it; of these, per thread, how
         # many have started there. close() waits until none runs but on
@@ -308,6 +314,36 @@ class Agent:
             finally:
                 self._abort_run_returned()
 
+    def _hook(self, arrived: threading.Event, hooks: list, hook: Callable[[Signal], None]) -> Callable[[], None]:
+        """Runs ``hook(signal)`` (one that only schedules work on a loop,
+        never waits) now if ``arrived`` is set, else as ``_handle`` notes
+        the signal, before any callback runs; returns what takes it back
+        unrun (a task that ended, a wait given up), so that hooks do not
+        pile up on an agent that runs for long."""
+        with self._lock:
+            fired = self.signal if arrived.is_set() else None
+            if fired is None:
+                hooks.append(hook)
+        if fired is not None:
+            hook(fired)
+
+        def remove() -> None:
+            with self._lock:
+                try:
+                    hooks.remove(hook)
+                except ValueError:
+                    pass  # it ran, or was taken back
+
+        return remove
+
+    @staticmethod
+    def _run_hooks(hooks: list, sig: Signal) -> None:
+        for hook in hooks:
+            try:
+                hook(sig)
+            except Exception:
+                log.exception("tether: a signal hook failed")
+
     def _abort_run_started(self) -> None:
         """Notes that an on_abort run, counted in _abort_running, has
         started on this thread."""
@@ -362,6 +398,7 @@ class Agent:
     def _handle(self, sig: Signal) -> None:
         drain_callbacks: list = []
         abort_callbacks: list = []
+        hooks: list = []
         with self._lock:
             if not sig.abort:
                 # Every drain signal, not only the first: a stop that takes
@@ -372,12 +409,20 @@ class Agent:
                 self.signal = sig
                 self.draining.set()
                 drain_callbacks, self._on_drain = self._on_drain, []
+                hooks, self._drain_hooks = self._drain_hooks, []
             if sig.abort and not self.aborted.is_set():
                 self.signal = sig
                 self.aborted.set()
                 abort_callbacks, self._on_abort = self._on_abort, []
+                hooks, self._abort_hooks = hooks + self._abort_hooks, []
                 if abort_callbacks:
                     self._abort_running += 1  # close() waits for the run
+        # The SDK's own hooks first, here: queued behind the agent's
+        # callbacks, a callback registered before them that waited (a
+        # cleanup hung on a tool server that never answers, an on_drain
+        # waiting for the work in flight) held them, and the run was never
+        # cancelled on its abort, nor told of its drain (rogue43H tests).
+        self._run_hooks(hooks, sig)
         # On threads of their own (the drain's on one, the abort's on
         # another, each in the order registered), as the Go SDK's: run on
         # the thread that heard the signal, a callback that waited (for the
@@ -403,7 +448,9 @@ class Agent:
         if self.aborted.is_set():
             raise Aborted(self.signal or Signal(abort=True))
 
-    def _loop_event(self, which: threading.Event, register: Callable[[Callable[[Signal], Any]], None]) -> asyncio.Event:
+    def _loop_event(self, which: threading.Event, hooks: list) -> tuple[asyncio.Event, Callable[[], None]]:
+        """An asyncio.Event of the running loop set when ``which`` is, and
+        what stops it being set (a wait given up)."""
         loop = asyncio.get_running_loop()
         ev = asyncio.Event()
 
@@ -413,32 +460,41 @@ class Agent:
             except RuntimeError:
                 pass  # the loop is closed
 
-        if which.is_set():
-            ev.set()
-        else:
-            register(fire)
-        return ev
+        return ev, self._hook(which, hooks, fire)
 
     def draining_event(self) -> asyncio.Event:
-        """An asyncio.Event of the running loop, set on drain or abort."""
-        return self._loop_event(self.draining, self.on_drain)
+        """An asyncio.Event of the running loop, set on drain or abort (at
+        once as the signal is noted, before the on_drain callbacks run)."""
+        return self._loop_event(self.draining, self._drain_hooks)[0]
 
     def aborted_event(self) -> asyncio.Event:
-        """An asyncio.Event of the running loop, set on abort."""
-        return self._loop_event(self.aborted, self.on_abort)
+        """An asyncio.Event of the running loop, set on abort (at once as
+        the signal is noted, before the on_abort callbacks run)."""
+        return self._loop_event(self.aborted, self._abort_hooks)[0]
 
     async def wait_draining(self) -> Signal:
-        await self.draining_event().wait()
+        ev, remove = self._loop_event(self.draining, self._drain_hooks)
+        try:
+            await ev.wait()
+        finally:
+            remove()
         assert self.signal is not None
         return self.signal
 
     async def wait_aborted(self) -> Signal:
-        await self.aborted_event().wait()
+        ev, remove = self._loop_event(self.aborted, self._abort_hooks)
+        try:
+            await ev.wait()
+        finally:
+            remove()
         assert self.signal is not None
         return self.signal
 
     def cancel_on_abort(self, task: asyncio.Task) -> None:
-        """Cancels ``task`` (on its own loop) when the agent is aborted."""
+        """Cancels ``task`` (on its own loop) when the agent is aborted: at
+        once as the abort is noted, before the on_abort callbacks run (one
+        of them may wait), as the Go SDK ends ``Agent.Context``. Forgotten
+        once the task is done."""
         loop = task.get_loop()
 
         def fire(sig: Signal) -> None:
@@ -447,7 +503,11 @@ class Agent:
             except RuntimeError:
                 pass
 
-        self.on_abort(fire)
+        remove = self._hook(self.aborted, self._abort_hooks, fire)
+        try:
+            loop.call_soon_threadsafe(task.add_done_callback, lambda _: remove())
+        except RuntimeError:
+            remove()  # the loop is closed: the task will never run again
 
     # -- the session ------------------------------------------------------------
 
