@@ -296,8 +296,8 @@ func PrivilegesIn(tx store.ReadTxn, nodeIDs []string) ([]Privilege, error) {
 
 // Dispatch starts revoking every undecided privilege of the nodes and
 // returns at once: the calls run in parallel (at most Concurrency at a
-// time, taking the nodes in turn so one node's hooks cannot starve
-// another's), off the reconciler's path, each bounded by deadline (on the
+// time, taking the tree's branches in turn so one subtree's hooks cannot
+// starve another's: treeBranch), off the reconciler's path, each bounded by deadline (on the
 // registry's clock; the HTTP call gets a context deadline of the time left).
 // Each outcome is persisted as it is decided, and never over one already
 // decided (the record decides, at the deadline, what has not answered). A
@@ -388,13 +388,15 @@ func (r *Privileges) dispatch(ctx context.Context, privs []Privilege, began, dea
 		}
 	}
 	r.mu.Unlock()
+	var paths map[string][]string
 	if len(order) > 0 {
+		var err error
 		// The caller's read may be older than an outcome a revocation
 		// persisted before it left inFlight (this dispatch's earlier one,
 		// or one started for a termination this one took over from): read
 		// again, now that they are marked, and start only what is still
 		// undecided, so a hook is called once.
-		if err := r.keepUndecided(ctx, byNode); err != nil {
+		if paths, err = r.keepUndecided(ctx, byNode); err != nil {
 			for _, ps := range byNode {
 				r.release(ps)
 			}
@@ -423,32 +425,27 @@ func (r *Privileges) dispatch(ctx context.Context, privs []Privilege, began, dea
 	// and an operator's privilege on a node after them in the order (a
 	// cloud credential of an honest agent deeper in the tree) was never
 	// called: left live, read revoke_failed (rogue42d test). Within each,
-	// the nodes in turn: the first privilege of each, then the second...
-	tiers := [2]map[string][]Privilege{{}, {}}
+	// by the tree (treeQueue): at every node its own privileges and each
+	// child's subtree in turn, so that the rogue's whole subtree is one
+	// branch beside an honest agent's however many children it spawns
+	// (until the forty-third pass the nodes were taken in turn, and an
+	// agent's own privilege after the rogue's children was never called:
+	// rogue43a test).
+	var tiers [2]treeBranch
 	total := 0
-	for n, ps := range byNode {
-		for _, p := range ps {
+	for _, node := range order {
+		for _, p := range byNode[node] {
 			tier := 1
 			if p.ByOperator {
 				tier = 0
 			}
-			tiers[tier][n] = append(tiers[tier][n], p)
+			tiers[tier].add(paths[node], p)
+			total++
 		}
-		total += len(ps)
 	}
 	queue := make([]Privilege, 0, total)
-	for _, tier := range tiers {
-		n := len(queue)
-		for _, ps := range tier {
-			n += len(ps)
-		}
-		for i := 0; len(queue) < n; i++ {
-			for _, node := range order {
-				if i < len(tier[node]) {
-					queue = append(queue, tier[node][i])
-				}
-			}
-		}
+	for i := range tiers {
+		queue = tiers[i].appendTo(queue)
 	}
 	if len(queue) == 0 {
 		return nil
@@ -479,17 +476,43 @@ func (r *Privileges) dispatch(ctx context.Context, privs []Privilege, began, dea
 }
 
 // keepUndecided drops from byNode (and from inFlight) the privileges whose
-// stored outcome is decided, and keeps the stored value of the others.
-func (r *Privileges) keepUndecided(ctx context.Context, byNode map[string][]Privilege) error {
-	var ids []string
-	for _, ps := range byNode {
+// stored outcome is decided, and keeps the stored value of the others. It
+// answers, read with them, the path of each of byNode's nodes from its
+// tree's root (its ancestors, root first, then the node), which orders the
+// queue (treeQueue); a node not found is a path of itself.
+func (r *Privileges) keepUndecided(ctx context.Context, byNode map[string][]Privilege) (map[string][]string, error) {
+	var ids, nodes []string
+	for node, ps := range byNode {
+		nodes = append(nodes, node)
 		for _, p := range ps {
 			ids = append(ids, p.ID)
 		}
 	}
-	fresh, err := store.Read(ctx, r.Store, func(tx store.ReadTxn) ([]Privilege, error) { return ByID(tx, ids) })
+	var fresh []Privilege
+	paths := make(map[string][]string, len(nodes))
+	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
+		var err error
+		if fresh, err = ByID(tx, ids); err != nil {
+			return err
+		}
+		if err := store.Prefetch(tx, store.KeysOf(nodes, tree.NodeKey), nil); err != nil {
+			return err
+		}
+		for _, node := range nodes {
+			n, err := tree.GetNodeIn(tx, node)
+			switch {
+			case errors.Is(err, tree.ErrNodeNotFound):
+				paths[node] = []string{node}
+			case err != nil:
+				return err
+			default:
+				paths[node] = append(slices.Clip(n.Ancestors), node)
+			}
+		}
+		return nil
+	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	stored := make(map[string]Privilege, len(fresh))
 	for _, p := range fresh {
@@ -508,7 +531,68 @@ func (r *Privileges) keepUndecided(ctx context.Context, byNode map[string][]Priv
 		byNode[node] = kept
 	}
 	r.release(decided)
-	return nil
+	return paths, nil
+}
+
+// treeBranch is a node of the revocation queue's tree (treeQueue): the
+// privileges held by the node itself, and its children's branches in the
+// order they were first added.
+type treeBranch struct {
+	own  []Privilege
+	keys []string
+	kids map[string]*treeBranch
+}
+
+// add puts p under the branch at path (node ids from the branch down to
+// p's node).
+func (b *treeBranch) add(path []string, p Privilege) {
+	for _, k := range path {
+		c := b.kids[k]
+		if c == nil {
+			if b.kids == nil {
+				b.kids = map[string]*treeBranch{}
+			}
+			c = &treeBranch{}
+			b.kids[k] = c
+			b.keys = append(b.keys, k)
+		}
+		b = c
+	}
+	b.own = append(b.own, p)
+}
+
+// appendTo appends the branch's privileges to q in the queue's order,
+// the treeQueue: its own privileges and each child's branch (so ordered)
+// in turn, the first of each, then the second of each... A subtree is one
+// branch at every level above it, however many nodes it holds: a rogue
+// that spawns children, each with a privilege behind a hook that hangs,
+// takes one place a round beside each of its siblings' subtrees, not one
+// a child, and the privileges of a node that is not its descendant are
+// not queued behind all of them.
+func (b *treeBranch) appendTo(q []Privilege) []Privilege {
+	lists := make([][]Privilege, 0, len(b.keys)+1)
+	if len(b.own) > 0 {
+		lists = append(lists, b.own)
+	}
+	for _, k := range b.keys {
+		if l := b.kids[k].appendTo(nil); len(l) > 0 {
+			lists = append(lists, l)
+		}
+	}
+	if len(lists) == 1 {
+		return append(q, lists[0]...)
+	}
+	for i := 0; len(lists) > 0; i++ {
+		left := lists[:0]
+		for _, l := range lists {
+			q = append(q, l[i])
+			if i+1 < len(l) {
+				left = append(left, l)
+			}
+		}
+		lists = left
+	}
+	return q
 }
 
 func (r *Privileges) concurrency() int {
