@@ -425,7 +425,7 @@ func (r *Privileges) dispatch(ctx context.Context, privs []Privilege, began, dea
 	// and an operator's privilege on a node after them in the order (a
 	// cloud credential of an honest agent deeper in the tree) was never
 	// called: left live, read revoke_failed (rogue42d test). Within each,
-	// by the tree (treeQueue): at every node its own privileges and each
+	// by the tree (treeBranch): at every node its own privileges and each
 	// child's subtree in turn, so that the rogue's whole subtree is one
 	// branch beside an honest agent's however many children it spawns
 	// (until the forty-third pass the nodes were taken in turn, and an
@@ -479,7 +479,7 @@ func (r *Privileges) dispatch(ctx context.Context, privs []Privilege, began, dea
 // stored outcome is decided, and keeps the stored value of the others. It
 // answers, read with them, the path of each of byNode's nodes from its
 // tree's root (its ancestors, root first, then the node), which orders the
-// queue (treeQueue); a node not found is a path of itself.
+// queue (treeBranch); a node not found is a path of itself.
 func (r *Privileges) keepUndecided(ctx context.Context, byNode map[string][]Privilege) (map[string][]string, error) {
 	var ids, nodes []string
 	for node, ps := range byNode {
@@ -534,7 +534,7 @@ func (r *Privileges) keepUndecided(ctx context.Context, byNode map[string][]Priv
 	return paths, nil
 }
 
-// treeBranch is a node of the revocation queue's tree (treeQueue): the
+// treeBranch is a node of the revocation queue's tree (treeBranch): the
 // privileges held by the node itself, and its children's branches in the
 // order they were first added.
 type treeBranch struct {
@@ -562,7 +562,7 @@ func (b *treeBranch) add(path []string, p Privilege) {
 }
 
 // appendTo appends the branch's privileges to q in the queue's order,
-// the treeQueue: its own privileges and each child's branch (so ordered)
+// the queue's order (treeBranch): its own privileges and each child's branch (so ordered)
 // in turn, the first of each, then the second of each... A subtree is one
 // branch at every level above it, however many nodes it holds: a rogue
 // that spawns children, each with a privilege behind a hook that hangs,
