@@ -226,9 +226,19 @@ func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope st
 	}
 	var herr error
 	var panicked any // the handler's panic, when it panicked
-	if err := ctx.Err(); err != nil {
+	switch {
+	case early:
+		// The control plane ordered the call's cancel before the tool ran
+		// (the order came before BeginCall's answer): the handler is not
+		// called. Run with a cancelled context, a tool that does its side
+		// effect before it looks at its context (most never look) did it
+		// after its stop, and the ledger read the call completed
+		// (rogue43g test). The cancel is acknowledged below: the call
+		// stopped on it.
+		herr = ErrCancelled
+	case ctx.Err() != nil:
 		herr = context.Cause(ctx) // the caller left before the tool ran
-	} else {
+	default:
 		herr, panicked = runHandler(hctx, handler)
 	}
 	g.mu.Lock()

@@ -90,11 +90,18 @@ export class TetherScope {
 
   /**
    * Runs fn as one gated tool call with this node's capability token. fn's
-   * signal aborts on the control plane's cancel order for the call (the
-   * evidence comes from the gate, not from the agent).
+   * signal aborts on the control plane's cancel order for the call, heard
+   * by the gate, or on this scope's {@link TetherScope.signal} (the node's
+   * abort, or an ancestor's in the run), heard by its session, whichever
+   * comes first; the gate acknowledges the cancel the control plane
+   * ordered either way (the evidence comes from the gate, not from the
+   * agent). With the gate's alone, a path that withheld the gate's cancel
+   * orders had the tool run on to its end after its agent heard its abort,
+   * as neither the Go SDK's Call under the agent's Context nor the Python
+   * adapters' run cancelled on the abort let it (rogue43G test).
    */
   call<T>(tool: string, fn: (signal: AbortSignal) => Promise<T> | T, requiredScope?: string): Promise<T> {
-    return this.gate.call(this.token, tool, fn, { requiredScope });
+    return this.gate.call(this.token, tool, fn, { requiredScope, signal: this.signal });
   }
 
   /**

@@ -200,6 +200,9 @@ export class ToolGate {
    * the control plane cancels the call, fn's signal aborts with a
    * {@link ToolCallCancelled}: fn stops by rejecting with it (or an
    * AbortError), and the gate acknowledges the cancel and rejects with it.
+   * A call whose cancel was ordered before fn ran (the order came before
+   * BeginCall's answer) does not run fn at all: the gate acknowledges the
+   * cancel and rejects with the ToolCallCancelled.
    * An fn that returns a result or throws its own error after the order is
    * recorded completed or failed, and the call resolves or rejects as fn did.
    */
@@ -243,6 +246,13 @@ export class ToolGate {
     let failure: unknown;
     let failed = false;
     try {
+      // The control plane ordered the call's cancel before the tool ran (an
+      // early order: it came before BeginCall's answer). The function is
+      // not called: run with an aborted signal, a tool that does its side
+      // effect before it looks at its signal (most never look) did it
+      // after its stop, and the ledger read the call completed (rogue43G
+      // test). The cancel is acknowledged below: the call stopped on it.
+      if (cancel.signal.aborted) throw cancel.signal.reason;
       if (options.signal?.aborted) throw options.signal.reason; // the caller left before the tool ran
       const signal = anySignal([cancel.signal, options.signal]);
       result = await gateCall.run({ callId, nodeId }, () => fn(signal));

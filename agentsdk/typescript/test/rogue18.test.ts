@@ -188,7 +188,9 @@ describe("rogue18: cancel orders for calls the gate never began", () => {
     await until(() => gate.heldOrders === 1);
     unary(begin!, BeginCallResponseSchema, { call: { callId: "call-early", tool: "shell" } });
     await assert.rejects(call, ToolCallCancelled);
-    assert.ok(aborted instanceof ToolCallCancelled, "the early order did not cancel its call");
+    // The early order cancelled its call before the tool ran: the function
+    // is not called at all (rogue43G).
+    assert.equal(aborted, undefined, "the tool ran after its early cancel order");
     assert.equal(gate.heldOrders, 0);
   });
 });
