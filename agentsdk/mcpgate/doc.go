@@ -82,7 +82,9 @@
 // gateway hides them and logs why. Upstreams whose tool prefixes could
 // collide (one begins another) are refused, so that no upstream can take
 // another's tool name; a listing stops at MaxToolsPerUpstream tools,
-// MaxToolPages pages or MaxToolListBytes of tools and cursors. A stdio upstream gets the gateway's environment
+// MaxToolPages pages or MaxToolListBytes of tools and cursors, and the MCP
+// SDK's client is made to forget the pages of a listing that stops (the
+// gateway keeps the tools of its last listing). A stdio upstream gets the gateway's environment
 // without its TETHER_ variables (the gateway's and the agent's
 // credentials), plus its Env.
 //

@@ -98,6 +98,10 @@ type Gateway struct {
 	log    *slog.Logger
 	server *mcp.Server
 	client *mcp.Client
+	// received is the SDK client's own handling of what an upstream sends
+	// it (below any middleware): forgetListing hands it the gateway's word
+	// that a listing is to be forgotten.
+	received mcp.MethodHandler
 
 	mu        sync.RWMutex
 	upstreams map[string]*upstream // by name
@@ -248,8 +252,15 @@ func New(cfg Config) (*Gateway, error) {
 		// with all the answers, ten rounds for one call.
 		MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true},
 		ToolListChangedHandler: func(_ context.Context, req *mcp.ToolListChangedRequest) {
+			if req.Params == listingForgotten {
+				return // the gateway's own word (forgetListing), not the upstream's
+			}
 			g.refreshSession(req.Session)
 		},
+	})
+	g.client.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+		g.received = next
+		return next
 	})
 	for _, u := range cfg.Upstreams {
 		g.upstreams[u.Name] = &upstream{cfg: u, prefix: toolPrefix(u, len(cfg.Upstreams))}
@@ -601,47 +612,16 @@ func (g *Gateway) refresh(ctx context.Context, up *upstream) error {
 	up.relistMu.Lock()
 	up.listed = g.cfg.Clock.Now()
 	up.relistMu.Unlock()
-	var tools []*mcp.Tool
-	size := 0 // the tools' bytes, as JSON
-	params := &mcp.ListToolsParams{}
-	for page := 1; ; page++ {
-		res, err := session.ListTools(ctx, params)
-		if err != nil {
-			return fmt.Errorf("mcpgate: list the tools of upstream %s: %w", up.cfg.Name, err)
-		}
-		// The SDK's client keeps each page it was answered (the 2026-07-28
-		// revision of MCP, SEP-2549's cache), the whole result under the
-		// cursor that asked for it, until the upstream says its tools
-		// changed or the connection ends: of a page, only its tools (where
-		// the SDK finds a tool's x-mcp-header parameters for its calls) and
-		// its cursor are the gateway's to keep, and both count against
-		// MaxToolListBytes. Bounded by its tools alone, a listing whose
-		// pages carried up to 16 MiB of _meta, cacheScope, resultType or
-		// cursor each had the gateway keep 256 of them, 4 GiB.
-		res.Meta, res.CacheScope, res.ResultType = nil, "", ""
-		if size += len(res.NextCursor); size > MaxToolListBytes {
-			return fmt.Errorf("mcpgate: upstream %s lists tools and cursors of more than %d bytes (as JSON), the most the gateway takes from one upstream", up.cfg.Name, MaxToolListBytes)
-		}
-		tools = append(tools, res.Tools...)
-		if len(tools) > MaxToolsPerUpstream {
-			return fmt.Errorf("mcpgate: upstream %s lists more than %d tools, the most the gateway takes from one upstream", up.cfg.Name, MaxToolsPerUpstream)
-		}
-		for _, t := range res.Tools {
-			b, err := json.Marshal(t)
-			if err != nil {
-				return fmt.Errorf("mcpgate: upstream %s lists a tool the gateway cannot encode: %w", up.cfg.Name, err)
-			}
-			if size += len(b); size > MaxToolListBytes {
-				return fmt.Errorf("mcpgate: upstream %s lists tools of more than %d bytes (as JSON), the most the gateway takes from one upstream", up.cfg.Name, MaxToolListBytes)
-			}
-		}
-		if res.NextCursor == "" {
-			break
-		}
-		if page == MaxToolPages {
-			return fmt.Errorf("mcpgate: upstream %s lists its tools in more than %d pages, the most the gateway reads", up.cfg.Name, MaxToolPages)
-		}
-		params.Cursor = res.NextCursor
+	tools, err := g.listTools(ctx, up, session)
+	if err != nil {
+		// What the SDK kept of the listing's pages is forgotten: kept, it
+		// stayed until the upstream next said its tools changed (never, if
+		// it liked), up to MaxToolListBytes and the page that went past it
+		// for a listing the gateway refused. (The tools the gateway keeps
+		// are those of an earlier listing, which the SDK forgot as the
+		// upstream said they changed.)
+		g.forgetListing(ctx, session)
+		return err
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -657,6 +637,69 @@ func (g *Gateway) refresh(ctx context.Context, up *upstream) error {
 		g.addTool(up, t)
 	}
 	return nil
+}
+
+// listingForgotten marks the gateway's own word to the SDK's client that
+// an upstream's tools are to be forgotten (forgetListing): no upstream's
+// notification carries this very value.
+var listingForgotten = &mcp.ToolListChangedParams{}
+
+// forgetListing has the SDK's client forget the pages of session's
+// listings it keeps (at the 2026-07-28 revision of MCP, SEP-2549's cache,
+// which the SDK clears only on an upstream's word that its tools
+// changed): the SDK's own handling of that word, handed the gateway's,
+// which the gateway's handler of it does not take as a change.
+func (g *Gateway) forgetListing(ctx context.Context, session *mcp.ClientSession) {
+	if _, err := g.received(context.WithoutCancel(ctx), "notifications/tools/list_changed", &mcp.ToolListChangedRequest{Session: session, Params: listingForgotten}); err != nil {
+		g.log.Warn("mcpgate: forgetting an upstream's listing failed", "error", err)
+	}
+}
+
+// listTools lists the tools of up, connected by session, page by page
+// within the gateway's bounds.
+func (g *Gateway) listTools(ctx context.Context, up *upstream, session *mcp.ClientSession) ([]*mcp.Tool, error) {
+	var tools []*mcp.Tool
+	size := 0 // the tools' bytes, as JSON
+	params := &mcp.ListToolsParams{}
+	for page := 1; ; page++ {
+		res, err := session.ListTools(ctx, params)
+		if err != nil {
+			return nil, fmt.Errorf("mcpgate: list the tools of upstream %s: %w", up.cfg.Name, err)
+		}
+		// The SDK's client keeps each page it was answered (the 2026-07-28
+		// revision of MCP, SEP-2549's cache), the whole result under the
+		// cursor that asked for it, until the upstream says its tools
+		// changed or the connection ends: of a page, only its tools (where
+		// the SDK finds a tool's x-mcp-header parameters for its calls) and
+		// its cursor are the gateway's to keep, and both count against
+		// MaxToolListBytes. Bounded by its tools alone, a listing whose
+		// pages carried up to 16 MiB of _meta, cacheScope, resultType or
+		// cursor each had the gateway keep 256 of them, 4 GiB.
+		res.Meta, res.CacheScope, res.ResultType = nil, "", ""
+		if size += len(res.NextCursor); size > MaxToolListBytes {
+			return nil, fmt.Errorf("mcpgate: upstream %s lists tools and cursors of more than %d bytes (as JSON), the most the gateway takes from one upstream", up.cfg.Name, MaxToolListBytes)
+		}
+		tools = append(tools, res.Tools...)
+		if len(tools) > MaxToolsPerUpstream {
+			return nil, fmt.Errorf("mcpgate: upstream %s lists more than %d tools, the most the gateway takes from one upstream", up.cfg.Name, MaxToolsPerUpstream)
+		}
+		for _, t := range res.Tools {
+			b, err := json.Marshal(t)
+			if err != nil {
+				return nil, fmt.Errorf("mcpgate: upstream %s lists a tool the gateway cannot encode: %w", up.cfg.Name, err)
+			}
+			if size += len(b); size > MaxToolListBytes {
+				return nil, fmt.Errorf("mcpgate: upstream %s lists tools of more than %d bytes (as JSON), the most the gateway takes from one upstream", up.cfg.Name, MaxToolListBytes)
+			}
+		}
+		if res.NextCursor == "" {
+			return tools, nil
+		}
+		if page == MaxToolPages {
+			return nil, fmt.Errorf("mcpgate: upstream %s lists its tools in more than %d pages, the most the gateway reads", up.cfg.Name, MaxToolPages)
+		}
+		params.Cursor = res.NextCursor
+	}
 }
 
 // addTool registers one upstream tool, unless it cannot be granted or its
