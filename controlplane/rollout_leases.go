@@ -2,10 +2,10 @@ package controlplane
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
-	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
@@ -99,7 +99,7 @@ func handoverable(l lease.Lease) bool {
 	return l.State != lease.StateTerminal && !l.CancelRequested && !l.OwnershipConflict
 }
 
-func (h leaseHandover) Reassign(ctx context.Context, l supervisor.HandoverLease, holder, reason string) (uint64, error) {
+func (h leaseHandover) Reassign(ctx context.Context, l supervisor.HandoverLease, holder, leaseID, reason string) (uint64, error) {
 	policy := h.leases.Policy()
 	var duration time.Duration
 	guard := func(current lease.Lease) error {
@@ -117,7 +117,7 @@ func (h leaseHandover) Reassign(ctx context.Context, l supervisor.HandoverLease,
 		duration = policy.DefaultLeaseDuration
 	}
 	res, err := h.leases.ApplyIf(ctx, lease.Reassign{
-		JobID: l.JobID, LeaseID: id.New(id.Lease), HolderIdentity: holder, LeaseDuration: duration, Reason: reason,
+		JobID: l.JobID, LeaseID: leaseID, HolderIdentity: holder, LeaseDuration: duration, Reason: reason,
 	}, guard)
 	if err != nil {
 		return 0, err
@@ -126,4 +126,41 @@ func (h leaseHandover) Reassign(ctx context.Context, l supervisor.HandoverLease,
 		return 0, fmt.Errorf("%w: %s %s", supervisor.ErrHandoverRefused, res.Decision.Event, res.Decision.Reason)
 	}
 	return res.Lease.Generation, nil
+}
+
+// reassignedPage is how many evidence rows Reassigned reads a page.
+const reassignedPage = 64
+
+func (h leaseHandover) Reassigned(ctx context.Context, p supervisor.PendingHandover) (bool, error) {
+	current, err := h.leases.Get(ctx, p.JobID)
+	switch {
+	case errors.Is(err, coordinator.ErrNotFound):
+		return false, nil
+	case err != nil:
+		return false, err
+	case current.LeaseID == p.LeaseID:
+		return true, nil
+	case current.Generation <= p.Generation:
+		return false, nil // never moved past the generation it was taken from
+	}
+	// It moved past since (its replacement gave it up, its coordinator
+	// moved it): the first row of a later generation names the lease
+	// id of the one after p.Generation. Rows are in decision order and
+	// generations never decrease.
+	var cursor coordinator.EvidenceCursor
+	for {
+		page, err := h.leases.EvidencePage(ctx, p.JobID, cursor, reassignedPage)
+		if err != nil {
+			return false, err
+		}
+		for _, row := range page.Rows {
+			if row.Generation > p.Generation {
+				return row.LeaseID == p.LeaseID, nil
+			}
+		}
+		if !page.More {
+			return false, nil
+		}
+		cursor = page.Next
+	}
 }

@@ -45,7 +45,23 @@ type LeaseHandover interface {
 	// job is still at l's generation with l's holder (else it reports the
 	// lease module's precondition error and changes nothing). A refusal is
 	// ErrHandoverRefused.
-	Reassign(ctx context.Context, l HandoverLease, holder, reason string) (generation uint64, err error)
+	// leaseID is the new generation's lease id, chosen by the caller (and
+	// written down before the call: see Reassigned).
+	Reassign(ctx context.Context, l HandoverLease, holder, leaseID, reason string) (generation uint64, err error)
+	// Reassigned reports whether the reassignment p names was made: its
+	// job passed from p.Generation to a generation whose lease id is
+	// p.LeaseID. It is read from the lease and its evidence, so a
+	// reassignment made before a crash is told from one never made.
+	Reassigned(ctx context.Context, p PendingHandover) (bool, error)
+}
+
+// PendingHandover is a reassignment a rollout's handover pass is about to
+// make: the job, the generation it is taken from, and the lease id chosen
+// for the next.
+type PendingHandover struct {
+	JobID      string `json:"job_id"`
+	Generation uint64 `json:"generation"`
+	LeaseID    string `json:"lease_id"`
 }
 
 // GetTerminationIn reads a termination inside the caller's transaction

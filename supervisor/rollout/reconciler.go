@@ -517,6 +517,24 @@ func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, t
 		return out, err
 	}
 	may := takers(targets, open, ancestors, nil)
+	// Each reassignment is written down (its job, the generation it is
+	// taken from, the lease id chosen for the next) before it is made,
+	// and this pass's count is saved after it: one the process died in
+	// between (a kill -9 mid-pass) is counted by the next pass from its
+	// lease — until the forty-third hostile pass it was in no pass's
+	// count, its job no longer the drained agent's.
+	pending := make(map[string]supervisor.PendingHandover, len(open))
+	var list []supervisor.PendingHandover
+	for _, l := range open {
+		if len(may[l.Holder]) > 0 {
+			p := supervisor.PendingHandover{JobID: l.JobID, Generation: l.Generation, LeaseID: id.New(id.Lease)}
+			pending[l.JobID] = p
+			list = append(list, p)
+		}
+	}
+	if err := rs.settleReassigning(ctx, r, b, list); err != nil {
+		return out, err
+	}
 	offset := r.LeasesHandedOver()
 	gone := map[string]bool{} // replacements found no longer standing this pass
 	reason := fmt.Sprintf("rollout %s batch %d: %s replaced by %s", r.ID, b.Index, r.Selector, r.TargetSelector)
@@ -546,13 +564,15 @@ func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, t
 		if to == "" {
 			continue
 		}
-		gen, err := rs.Handover.Reassign(ctx, l, to, reason)
+		gen, err := rs.Handover.Reassign(ctx, l, to, pending[l.JobID].LeaseID, reason)
 		switch {
 		case errors.Is(err, supervisor.ErrHandoverRefused):
 			out.NotHandedOver = append(out.NotHandedOver, l.JobID+": "+err.Error())
 		case err != nil:
 			// The lease moved meanwhile (or the module is unavailable): the
-			// next pass sees it as it is now.
+			// next pass sees it as it is now, and counts this
+			// reassignment if the module made it after all.
+			out.Reassigning = []supervisor.PendingHandover{pending[l.JobID]}
 			return out, fmt.Errorf("reassign job %s: %w", l.JobID, err)
 		default:
 			out.HandedOver++
@@ -560,6 +580,40 @@ func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, t
 		}
 	}
 	return out, nil
+}
+
+// settleReassigning counts, from their leases, the reassignments an
+// earlier pass of batch b wrote down and did not count (it was cut short
+// between making them and saving its count), and writes down next, the
+// reassignments this pass is about to make, in one transaction.
+func (rs *Rollouts) settleReassigning(ctx context.Context, r Rollout, b RolloutBatch, next []supervisor.PendingHandover) error {
+	earlier := r.reassigning(b.Index)
+	if len(earlier) == 0 && len(next) == 0 {
+		return nil
+	}
+	made := 0
+	for _, p := range earlier {
+		ok, err := rs.Handover.Reassigned(ctx, p)
+		if err != nil {
+			return fmt.Errorf("read reassignment of job %s: %w", p.JobID, err)
+		}
+		if ok {
+			made++
+			rs.Log.Info("lease handed over before the pass was cut short", "rollout_id", r.ID, "job_id", p.JobID, "generation", p.Generation+1)
+		}
+	}
+	return rs.Store.Update(ctx, func(tx store.Txn) error {
+		var stored Rollout
+		if err := getRollout(tx, r.ID, &stored); err != nil {
+			return err
+		}
+		if b.Index >= len(stored.Batches) || !slices.Equal(stored.reassigning(b.Index), earlier) {
+			return fmt.Errorf("rollout %s batch %d: its handover changed meanwhile", r.ID, b.Index)
+		}
+		stored.Batches[b.Index].LeasesHandedOver += made
+		stored.setReassigning(b.Index, next)
+		return kv.PutJSON(tx, rolloutKey(r.ID), stored)
+	})
 }
 
 // standingTaker returns the first of may, in turn from start, that still

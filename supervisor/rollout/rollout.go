@@ -165,6 +165,49 @@ type Rollout struct {
 	// CreatedAt): a vouched agent ready by then may be one of the baseline.
 	// Stored only; not sent (GetRollout shows BaselineReady).
 	BaselineReadyBy time.Time `json:"baseline_ready_by,omitzero"`
+
+	// Reassigning are the reassignments a batch's handover pass is about
+	// to make, written before it makes them: the pass's count is saved
+	// after them, and a reassignment the process died between it and
+	// that save is counted from its lease (its fresh lease id) by the
+	// batch's next pass. Stored only; not sent.
+	Reassigning []Reassignment `json:"reassigning,omitempty"`
+}
+
+// Reassignment is a reassignment batch Batch's handover pass is about to
+// make (Rollout.Reassigning).
+type Reassignment struct {
+	Batch int `json:"batch"`
+	supervisor.PendingHandover
+}
+
+// reassigning returns the reassignments of r.Reassigning that batch b's
+// pass wrote down.
+func (r Rollout) reassigning(b int) []supervisor.PendingHandover {
+	var out []supervisor.PendingHandover
+	for _, p := range r.Reassigning {
+		if p.Batch == b {
+			out = append(out, p.PendingHandover)
+		}
+	}
+	return out
+}
+
+// setReassigning replaces batch b's reassignments in r.Reassigning with ps.
+func (r *Rollout) setReassigning(b int, ps []supervisor.PendingHandover) {
+	kept := r.Reassigning[:0:0]
+	for _, p := range r.Reassigning {
+		if p.Batch != b {
+			kept = append(kept, p)
+		}
+	}
+	for _, p := range ps {
+		kept = append(kept, Reassignment{Batch: b, PendingHandover: p})
+	}
+	if len(kept) == 0 {
+		kept = nil
+	}
+	r.Reassigning = kept
 }
 
 // Drained is the number of agents drained by started batches that were
@@ -322,6 +365,10 @@ type RolloutOutcome struct {
 	// HandedOver and NotHandedOver: a HandOver's results ("job: why").
 	HandedOver    int
 	NotHandedOver []string
+	// Reassigning: a HandOver's reassignments still in doubt (one the
+	// lease module failed to answer may have been made), for the next
+	// pass to count from their leases.
+	Reassigning []supervisor.PendingHandover
 }
 
 // NextRollout decides the rollout's next action from its stored state and
@@ -355,7 +402,7 @@ func NextRollout(r Rollout, f RolloutFacts, now time.Time) RolloutStep {
 			return RolloutStep{Action: ActRolloutNoteTerminated, Batch: b.Index}
 		case b.ReplacedAt.IsZero() && replacements >= covered:
 			return RolloutStep{Action: ActRolloutNoteReplaced, Batch: b.Index}
-		case !b.ReplacedAt.IsZero() && bf.Marked && (!b.HandedOver || bf.OpenLeases > 0):
+		case !b.ReplacedAt.IsZero() && bf.Marked && (!b.HandedOver || bf.OpenLeases > 0 || len(r.reassigning(b.Index)) > 0):
 			return RolloutStep{Action: ActRolloutHandOver, Batch: b.Index}
 		case !b.TerminatedAt.IsZero() && !b.ReplacedAt.IsZero() && b.HandedOver && bf.OpenLeases == 0 && bf.ConflictedLeases == 0 && bf.WaitingLeases == 0:
 			return RolloutStep{Action: ActRolloutCompleteBatch, Batch: b.Index}
@@ -472,6 +519,7 @@ func AdvanceRollout(r Rollout, step RolloutStep, out RolloutOutcome, f RolloutFa
 		}
 		b.HandedOver = true
 		b.LeasesHandedOver += out.HandedOver
+		r.setReassigning(b.Index, out.Reassigning) // the others were counted in out, or not made
 		b.LeasesNotHandedOver = mergeSorted(b.LeasesNotHandedOver, out.NotHandedOver)
 	case ActRolloutCompleteBatch:
 		b, err := batch()
