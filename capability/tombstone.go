@@ -31,6 +31,11 @@ type Tombstone struct {
 	// recorded.
 	Holder  string `pb:"6"`
 	Lineage string `pb:"7"`
+	// RevokedBy is the principal that revoked the grant (the grant's
+	// RevokedBy): Reason is the revoker's own text, and an agent's may
+	// read like an operator's. Empty for a revoked bearer token and for
+	// tombstones written before it was recorded.
+	RevokedBy string `pb:"8"`
 }
 
 // DropAfter is the earliest safe drop time for a tombstone written at
@@ -58,6 +63,7 @@ func TombstoneFor(g Grant, sequence uint64) (Tombstone, error) {
 		DropAfter: DropAfter(g.RevokedAt),
 		Reason:    g.Reason,
 		Holder:    g.HolderNodeID,
+		RevokedBy: g.RevokedBy,
 	}, nil
 }
 

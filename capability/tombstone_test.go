@@ -150,7 +150,7 @@ func TestTombstoneFor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := capability.Tombstone{Sequence: 41, GrantID: "g_a", RevokedAt: at, DropAfter: at.Add(capability.MaxTokenTTL + capability.MaxLeeway), Reason: "incident", Holder: tr.a.HolderNodeID}
+	want := capability.Tombstone{Sequence: 41, GrantID: "g_a", RevokedAt: at, DropAfter: at.Add(capability.MaxTokenTTL + capability.MaxLeeway), Reason: "incident", Holder: tr.a.HolderNodeID, RevokedBy: "operator:alice"}
 	if got != want {
 		t.Fatalf("TombstoneFor = %+v, want %+v", got, want)
 	}

@@ -401,8 +401,9 @@ func (c *capabilityService) revocationFilter(ctx context.Context) (grantstore.Vi
 			// Nor whose it was: the lineage's other nodes (siblings,
 			// cousins) are not the caller's to read (GetNode answers them
 			// as missing), and a termination's revocations would tell it
-			// when each was stopped. The grant id is what a verifier needs.
-			t.Reason, t.Holder = "", ""
+			// when each was stopped, and who revoked it (a sibling's node,
+			// or the termination). The grant id is what a verifier needs.
+			t.Reason, t.Holder, t.RevokedBy = "", "", ""
 		}
 		return t, true
 	}, nil

@@ -1255,6 +1255,9 @@ type tombstoneJSON struct {
 	GrantID   string `json:"grant_id"`
 	RevokedAt string `json:"revoked_at"`
 	Reason    string `json:"reason"`
+	// RevokedBy is who revoked it: the reason is the revoker's own text,
+	// and an agent's may read like an operator's.
+	RevokedBy string `json:"revoked_by"`
 }
 
 // feedRows is how many tombstones the revocation feed page shows (its
@@ -1270,7 +1273,7 @@ func (c *Console) revocationEvents(w http.ResponseWriter, r *http.Request, s *se
 	stream, err := s.clients.Capability.WatchRevocations(ctx, connect.NewRequest(&tetherv1.WatchRevocationsRequest{Newest: feedRows}))
 	relayEvents(c, w, r, s, "Could not watch revocations", stream, err, func(send sendEvent, m *tetherv1.WatchRevocationsResponse) bool {
 		for _, t := range m.Tombstones {
-			if send("tombstone", tombstoneJSON{Sequence: t.Sequence, GrantID: t.GrantId, RevokedAt: ts(t.RevokedAt), Reason: t.Reason}) != nil {
+			if send("tombstone", tombstoneJSON{Sequence: t.Sequence, GrantID: t.GrantId, RevokedAt: ts(t.RevokedAt), Reason: t.Reason, RevokedBy: t.RevokedBy}) != nil {
 				return false
 			}
 		}

@@ -489,6 +489,7 @@ func Tombstone(x capability.Tombstone) *tetherv1.Tombstone {
 		Reason:       x.Reason,
 		HolderNodeId: x.Holder,
 		Lineage:      x.Lineage,
+		RevokedBy:    x.RevokedBy,
 	}
 }
 

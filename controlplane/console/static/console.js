@@ -132,7 +132,7 @@ function setupFeed() {
       el.textContent = text;
       tr.appendChild(td);
     };
-    cell(String(t.sequence)); cell(t.grant_id, true); cell(t.revoked_at); cell(t.reason || "");
+    cell(String(t.sequence)); cell(t.grant_id, true); cell(t.revoked_at); cell(t.revoked_by || "—"); cell(t.reason || "");
     body.insertBefore(tr, body.firstChild);
     while (body.rows.length > 500) body.deleteRow(body.rows.length - 1); // feedRows (views.go)
     // The older tombstones (those the page dropped, or skipped when it

@@ -1216,8 +1216,17 @@ type Tombstone struct {
 	// tree): an agent's WatchRevocations carries only its own lineage's
 	// tombstones. Both empty for a revoked bearer token (grant_id then holds
 	// the token's id), which agents never see.
-	HolderNodeId  string `protobuf:"bytes,6,opt,name=holder_node_id,json=holderNodeId,proto3" json:"holder_node_id,omitempty"`
-	Lineage       string `protobuf:"bytes,7,opt,name=lineage,proto3" json:"lineage,omitempty"`
+	HolderNodeId string `protobuf:"bytes,6,opt,name=holder_node_id,json=holderNodeId,proto3" json:"holder_node_id,omitempty"`
+	Lineage      string `protobuf:"bytes,7,opt,name=lineage,proto3" json:"lineage,omitempty"`
+	// Who revoked the grant: the principal whose Revoke wrote the tombstone
+	// ("agent:<node_id>" for an agent revoking in its own subtree,
+	// "operator:<subject>" for an operator, "termination:<id>" for a
+	// termination's revocation), as the grant's revoked_by reads. The reason
+	// is the revoker's own text: an agent's may read like an operator's, this
+	// field does not. Shown to an agent with the reason, only for a grant held
+	// by it or an ancestor; empty for a revoked bearer token and for
+	// tombstones written before it was recorded.
+	RevokedBy     string `protobuf:"bytes,8,opt,name=revoked_by,json=revokedBy,proto3" json:"revoked_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1297,6 +1306,13 @@ func (x *Tombstone) GetHolderNodeId() string {
 func (x *Tombstone) GetLineage() string {
 	if x != nil {
 		return x.Lineage
+	}
+	return ""
+}
+
+func (x *Tombstone) GetRevokedBy() string {
+	if x != nil {
+		return x.RevokedBy
 	}
 	return ""
 }
@@ -1489,7 +1505,7 @@ const file_tether_v1_capability_proto_rawDesc = "" +
 	"\x17WatchRevocationsRequest\x12%\n" +
 	"\x0eafter_sequence\x18\x01 \x01(\x04R\rafterSequence\x12\x16\n" +
 	"\x06newest\x18\x02 \x01(\rR\x06newest\x12'\n" +
-	"\x0fbefore_sequence\x18\x03 \x01(\x04R\x0ebeforeSequence\"\x90\x02\n" +
+	"\x0fbefore_sequence\x18\x03 \x01(\x04R\x0ebeforeSequence\"\xaf\x02\n" +
 	"\tTombstone\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12\x19\n" +
 	"\bgrant_id\x18\x02 \x01(\tR\agrantId\x129\n" +
@@ -1499,7 +1515,9 @@ const file_tether_v1_capability_proto_rawDesc = "" +
 	"drop_after\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tdropAfter\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x12$\n" +
 	"\x0eholder_node_id\x18\x06 \x01(\tR\fholderNodeId\x12\x18\n" +
-	"\alineage\x18\a \x01(\tR\alineage\"\x89\x02\n" +
+	"\alineage\x18\a \x01(\tR\alineage\x12\x1d\n" +
+	"\n" +
+	"revoked_by\x18\b \x01(\tR\trevokedBy\"\x89\x02\n" +
 	"\x18WatchRevocationsResponse\x124\n" +
 	"\n" +
 	"tombstones\x18\x01 \x03(\v2\x14.tether.v1.TombstoneR\n" +
