@@ -1025,6 +1025,33 @@ func healthOnly(max int, next http.Handler) http.Handler {
 // gzipName is the compression Connect negotiates as "gzip".
 const gzipName = "gzip"
 
+// boundedMessages bounds every message a Connect handler reads to limit
+// bytes, compressed and decompressed alike (boundedGzip): the options of
+// every handler on the port, the public ones (gRPC health, server
+// reflection) with the API's. Until the forty-third pass the public ones
+// had the limit without boundedGzip, and anyone who could reach the port
+// had the server inflate a gzip bomb in full to report its size, before
+// any credential or budget (the health check charges none; reflection
+// charges a message once it is read).
+func boundedMessages(limit int) connect.HandlerOption {
+	return connect.WithHandlerOptions(connect.WithReadMaxBytes(limit), boundedGzip(limit))
+}
+
+// MaxPublicMessageBytes bounds a message of the endpoints served without
+// a credential on the API's port (gRPC health, server reflection),
+// compressed and decompressed alike, below --max-request-bytes: their
+// requests name a service, a file or a symbol, and each is decoded before
+// any budget is charged for it (the health check charges none). At the
+// API's limit, 1 KiB of gzip inflated to a MiB of fields for the server
+// to decode, free, eight at once on every connection anyone may open.
+const MaxPublicMessageBytes = 4 << 10
+
+// publicMessages is boundedMessages for the public endpoints: at most
+// MaxPublicMessageBytes, and never more than the API's limit.
+func publicMessages(limit int) connect.HandlerOption {
+	return boundedMessages(min(limit, MaxPublicMessageBytes))
+}
+
 // boundedGzip replaces Connect's gzip decompressor with one that stops
 // inflating one byte past the message limit. Connect reads limit+1 bytes to
 // learn a message is too large and then drains the rest to report its

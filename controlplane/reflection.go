@@ -16,14 +16,15 @@ import (
 // the services listed here — the same .proto files the repository
 // publishes — and nothing else (no data, no configuration, no principal).
 // It passes through the observer (span, metrics, log) but not through
-// authentication; its messages are bounded like every request's, and each
+// authentication; its messages are bounded tighter than the API's
+// (MaxPublicMessageBytes), inflated ones too (publicMessages), and each
 // costs the caller's address one request of the budget of requests without
 // a valid credential (auth.Interceptor.Public): a stream of them is not
 // free work.
 func (s *Server) mountReflection(mux *http.ServeMux, obs *observer) {
 	names := append(serviceNames(), grpchealth.HealthV1ServiceName, grpcreflect.ReflectV1ServiceName)
 	reflector := grpcreflect.NewStaticReflector(names...)
-	opts := []connect.HandlerOption{connect.WithInterceptors(obs, s.authn.Public()), connect.WithReadMaxBytes(s.cfg.MaxRequestBytes)}
+	opts := []connect.HandlerOption{connect.WithInterceptors(obs, s.authn.Public()), publicMessages(s.cfg.MaxRequestBytes)}
 	mux.Handle(grpcreflect.NewHandlerV1(reflector, opts...))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector, opts...))
 }

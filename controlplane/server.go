@@ -529,14 +529,13 @@ func (s *Server) buildHandler() error {
 	s.authn = authn
 	opts := []connect.HandlerOption{
 		connect.WithInterceptors(obs, authn),
-		connect.WithReadMaxBytes(s.cfg.MaxRequestBytes),
-		boundedGzip(s.cfg.MaxRequestBytes),
+		boundedMessages(s.cfg.MaxRequestBytes),
 		recoverPanic(s.log),
 	}
 	mux := http.NewServeMux()
 	s.mountServices(mux, opts)
 	checker := grpchealth.NewStaticChecker(serviceNames()...)
-	mux.Handle(grpchealth.NewHandler(checker, connect.WithInterceptors(obs), connect.WithReadMaxBytes(s.cfg.MaxRequestBytes)))
+	mux.Handle(grpchealth.NewHandler(checker, connect.WithInterceptors(obs), publicMessages(s.cfg.MaxRequestBytes)))
 	s.mountReflection(mux, obs)
 	mux.HandleFunc("GET /healthz", s.healthz)
 	// A scrape gathers and encodes every series (milliseconds of CPU): it
