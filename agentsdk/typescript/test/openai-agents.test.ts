@@ -8,7 +8,7 @@ import { ScriptedModel, assistantMessage, functionCall } from "@openai/agents/te
 import { z } from "zod";
 
 import { runTethered } from "../src/adapters/openai-agents.js";
-import { CallResolution, ToolCallCancelled, type ToolCall } from "../src/index.js";
+import { CallResolution, StopSignalled, ToolCallCancelled, type ToolCall } from "../src/index.js";
 import { startServer, TestServer } from "./server.js";
 
 setTracingDisabled(true); // no tracing exporter: the network reaches only registries
@@ -143,7 +143,13 @@ describe("@openai/agents adapter", () => {
     const terminationId = await server.terminate(scope.agent.nodeId, "abort");
     await assert.rejects(outcome, "the run is aborted");
     await finished;
-    assert.ok(observed instanceof ToolCallCancelled, `the tool saw the cancel order, got ${String(observed)}`);
+    // The gate's cancel order or the agent's abort, whichever the tool
+    // heard first (the scope passes both): either way the call is
+    // recorded cancelled and acknowledged.
+    assert.ok(
+      observed instanceof ToolCallCancelled || (observed instanceof StopSignalled && observed.abort),
+      `the tool saw its stop, got ${String(observed)}`,
+    );
     const record = await server.record(terminationId);
     assert.deepEqual(record.toolCalls.map((c) => [c.tool, c.resolution]), [["crawl", CallResolution.CANCELLED_ACKED]]);
     await gate.close();
