@@ -1373,6 +1373,11 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 			// expired on the declared expiry that passed meanwhile
 			// (until the fortieth pass it was), nor given a new
 			// deadline.
+			// A chunk whose start was stored already runs again (a
+			// restart before it committed): an earlier process may have
+			// called its hooks, and one not called now is not "never
+			// called" (privilege.Privileges.NotCalled).
+			rerun := !cur.RevokeBegan.IsZero()
 			if cur.RevokeBegan.IsZero() && (indexing && privilege.Pending(privs) > 0 || !indexing && len(withPrivs) > 0) {
 				began := cur
 				began.RevokeBegan = now.Round(0).UTC() // as stored: inChunk compares cursors
@@ -1390,9 +1395,9 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 			kick := func() { s.Kick(t.ID) }
 			var err error
 			if indexing {
-				err = s.Privileges.DispatchReadBegun(ctx, privs, cur.RevokeBegan, deadline, kick)
+				err = s.Privileges.DispatchReadBegun(ctx, privs, cur.RevokeBegan, deadline, rerun, kick)
 			} else {
-				err = s.Privileges.DispatchBegun(ctx, ids, cur.RevokeBegan, deadline, kick)
+				err = s.Privileges.DispatchBegun(ctx, ids, cur.RevokeBegan, deadline, rerun, kick)
 			}
 			if err != nil {
 				return fmt.Errorf("revoke privileges: %w", err)
@@ -1658,6 +1663,9 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool,
 	}
 	if err == nil {
 		s.nodes.forget(terminated)
+		if s.Privileges != nil {
+			s.Privileges.Forget(terminated) // their record is written
+		}
 	}
 	s.recordWritten(t, written, recordUnaccounted, err)
 	return err
@@ -1803,7 +1811,7 @@ func (s *Supervisor) recordNodesTxn(ctx context.Context, t Termination, start bo
 		if err != nil {
 			return err
 		}
-		if privs, err = decideUnansweredPrivileges(tx, stored, privs, now); err != nil {
+		if privs, err = decideUnansweredPrivileges(tx, stored, privs, now, s.Privileges); err != nil {
 			return err
 		}
 		part, unaccounted, err := recordPart(tx, stored, entries, nodes, grants, listed, privs, leases, func(n *tree.Node) aliveBelow { return children.aliveChild(n, nodes, all) })

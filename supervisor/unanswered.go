@@ -19,8 +19,11 @@ import (
 // window, behind a hook that hung, read expired). Only a termination
 // that waits for no hook (no hook timeout) decides one past its expiry
 // expired, as the revocation would have. A late answer never overwrites
-// the decision. It returns privs as they now stand.
-func decideUnansweredPrivileges(tx store.Txn, t Termination, privs []privilege.Privilege, now time.Time) ([]privilege.Privilege, error) {
+// the decision. One whose hook was never called (reg queued it and no
+// slot came before the deadline: privilege.Privileges.NotCalled) reads
+// so, not "no answer" (until the forty-third pass it did, as if its hook
+// had been called and kept silent). It returns privs as they now stand.
+func decideUnansweredPrivileges(tx store.Txn, t Termination, privs []privilege.Privilege, now time.Time, reg *privilege.Privileges) ([]privilege.Privilege, error) {
 	out := make([]privilege.Privilege, len(privs))
 	for i, p := range privs {
 		out[i] = p
@@ -35,6 +38,11 @@ func decideUnansweredPrivileges(tx store.Txn, t Termination, privs []privilege.P
 			p.Outcome, p.Error = privilege.OutcomeRevokeFailed, "no answer within the termination's deadline"
 		default:
 			p.Outcome, p.Error = privilege.OutcomeRevokeFailed, fmt.Sprintf("no answer within the %s deadline", t.HookTimeout)
+			if reg != nil {
+				if why := reg.NotCalled(p); why != "" {
+					p.Error = fmt.Sprintf("%s (%s deadline)", why, t.HookTimeout)
+				}
+			}
 			if !now.Before(p.ExpiresAt) {
 				p.Error += fmt.Sprintf(" (its registrant declared it to expire at %s, after its revocation began)", p.ExpiresAt.UTC().Format(time.RFC3339))
 			}

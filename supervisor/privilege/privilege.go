@@ -98,6 +98,20 @@ type Privileges struct {
 
 	mu       sync.Mutex
 	inFlight map[string]bool // privilege ids being revoked now
+	// waiting holds the privileges queued for a hook slot and not called
+	// (yet): the record tells one never called from one whose hook did
+	// not answer (NotCalled). A mark goes when its hook is called, when
+	// its dispatch is cancelled, or when its node's record is written
+	// (Forget).
+	waiting map[string]map[string]waitMark // by node, then privilege id
+}
+
+// waitMark is a queued privilege's: the slots its termination had, and
+// whether its revocation began before the control plane
+// restarted (an earlier process may have called its hook).
+type waitMark struct {
+	slots   int
+	resumed bool
 }
 
 // kindPattern is the syntax of a privilege's kind (a tool name's).
@@ -308,36 +322,39 @@ func PrivilegesIn(tx store.ReadTxn, nodeIDs []string) ([]Privilege, error) {
 // bounds the calls' lifetime (the reconciler's); decided, when set, is
 // called after each outcome is persisted.
 func (r *Privileges) Dispatch(ctx context.Context, nodeIDs []string, deadline time.Time, decided func()) error {
-	return r.DispatchBegun(ctx, nodeIDs, r.Clock.Now(), deadline, decided)
+	return r.DispatchBegun(ctx, nodeIDs, r.Clock.Now(), deadline, false, decided)
 }
 
 // DispatchBegun is Dispatch of a revocation that began at began (a
 // termination's chunk of it, started again after a restart before the
 // chunk committed): a privilege is decided expired only if it had expired
 // by then, as it would have been had the chunk committed; one live then is
-// called, whatever its declared expiry now.
-func (r *Privileges) DispatchBegun(ctx context.Context, nodeIDs []string, began, deadline time.Time, decided func()) error {
+// called, whatever its declared expiry now. again says the revocation
+// began before this call was made (the chunk's stored start was read, not
+// just stored: an earlier process may have called the hooks), for the
+// record of a privilege never called now (NotCalled).
+func (r *Privileges) DispatchBegun(ctx context.Context, nodeIDs []string, began, deadline time.Time, again bool, decided func()) error {
 	privs, err := store.Read(ctx, r.Store, func(tx store.ReadTxn) ([]Privilege, error) { return PrivilegesIn(tx, nodeIDs) })
 	if err != nil {
 		return err
 	}
-	return r.DispatchReadBegun(ctx, privs, began, deadline, decided)
+	return r.DispatchReadBegun(ctx, privs, began, deadline, again, decided)
 }
 
 // DispatchRead is Dispatch of privileges the caller has read (PrivilegesIn
 // in a transaction of its own, as a termination's revocation does to keep
 // the list).
 func (r *Privileges) DispatchRead(ctx context.Context, privs []Privilege, deadline time.Time, decided func()) error {
-	return r.DispatchReadBegun(ctx, privs, r.Clock.Now(), deadline, decided)
+	return r.DispatchReadBegun(ctx, privs, r.Clock.Now(), deadline, false, decided)
 }
 
 // DispatchReadBegun is DispatchBegun of privileges the caller has read.
-func (r *Privileges) DispatchReadBegun(ctx context.Context, privs []Privilege, began, deadline time.Time, decided func()) error {
+func (r *Privileges) DispatchReadBegun(ctx context.Context, privs []Privilege, began, deadline time.Time, again bool, decided func()) error {
 	if began.IsZero() {
 		// (The zero time would read as "before every expiry": Resume.)
 		began = r.Clock.Now()
 	}
-	return r.dispatch(ctx, privs, began, deadline, decided)
+	return r.dispatch(ctx, privs, began, deadline, again, decided)
 }
 
 // Resume is DispatchRead of privileges whose revocation already began (a
@@ -350,7 +367,7 @@ func (r *Privileges) DispatchReadBegun(ctx context.Context, privs []Privilege, b
 // whose hook hung, before the hook deadline, decided it expired on its
 // registrant's word.
 func (r *Privileges) Resume(ctx context.Context, privs []Privilege, deadline time.Time, decided func()) error {
-	return r.dispatch(ctx, privs, time.Time{}, deadline, decided)
+	return r.dispatch(ctx, privs, time.Time{}, deadline, true, decided)
 }
 
 // ResumeNodes is Resume of the undecided privileges of the nodes.
@@ -363,8 +380,9 @@ func (r *Privileges) ResumeNodes(ctx context.Context, nodeIDs []string, deadline
 }
 
 // dispatch decides expired the privileges past their expiry at began (the
-// zero time: none) and calls the others.
-func (r *Privileges) dispatch(ctx context.Context, privs []Privilege, began, deadline time.Time, decided func()) error {
+// zero time: none) and calls the others; again: their revocation began
+// before (an earlier process may have called their hooks).
+func (r *Privileges) dispatch(ctx context.Context, privs []Privilege, began, deadline time.Time, again bool, decided func()) error {
 	now := r.Clock.Now()
 	var expired []Privilege
 	byNode := map[string][]Privilege{}
@@ -450,7 +468,23 @@ func (r *Privileges) dispatch(ctx context.Context, privs []Privilege, began, dea
 	if len(queue) == 0 {
 		return nil
 	}
-	workers := min(r.concurrency(), len(queue))
+	slots := r.concurrency()
+	workers := min(slots, len(queue))
+	// Each is marked waiting until its hook is called: one whose slot
+	// does not come before the deadline is never called, and the record
+	// says so (until the forty-third pass it read "no answer", as if its
+	// hook had been called and had not answered).
+	r.mu.Lock()
+	if r.waiting == nil {
+		r.waiting = map[string]map[string]waitMark{}
+	}
+	for _, p := range queue {
+		if r.waiting[p.NodeID] == nil {
+			r.waiting[p.NodeID] = map[string]waitMark{}
+		}
+		r.waiting[p.NodeID][p.ID] = waitMark{slots: slots, resumed: again}
+	}
+	r.mu.Unlock()
 	next := make(chan Privilege)
 	go func() {
 		defer close(next)
@@ -459,6 +493,7 @@ func (r *Privileges) dispatch(ctx context.Context, privs []Privilege, began, dea
 			case next <- p:
 			case <-ctx.Done():
 				r.release(queue[i:])
+				r.unmark(queue[i:])
 				return
 			}
 		}
@@ -473,6 +508,54 @@ func (r *Privileges) dispatch(ctx context.Context, privs []Privilege, began, dea
 		}()
 	}
 	return nil
+}
+
+// unmark forgets the waiting marks of ps (their hooks are called, or
+// their dispatch is cancelled).
+func (r *Privileges) unmark(ps []Privilege) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range ps {
+		if m := r.waiting[p.NodeID]; m != nil {
+			delete(m, p.ID)
+			if len(m) == 0 {
+				delete(r.waiting, p.NodeID)
+			}
+		}
+	}
+}
+
+// NotCalled says why the hook of the undecided privilege p was never
+// called, if this registry queued it and no slot came for it (a
+// termination's hook slots, Concurrency, all held by hooks that did not
+// answer): the record's revoke_failed reads that, not "no answer", which
+// would say the hook was called and kept silent. Empty when its hook was
+// called, or when this registry did not queue it (another replica's or
+// process's revocation: the record cannot tell).
+func (r *Privileges) NotCalled(p Privilege) string {
+	r.mu.Lock()
+	m, ok := r.waiting[p.NodeID][p.ID]
+	r.mu.Unlock()
+	if !ok {
+		return ""
+	}
+	if m.resumed {
+		return fmt.Sprintf("not called again after the control plane restarted (an earlier call may have been made): the termination's %d revoke-hook slots were all held until the deadline by hooks that did not answer", m.slots)
+	}
+	return fmt.Sprintf("never called: the termination's %d revoke-hook slots were all held until the deadline by hooks that did not answer", m.slots)
+}
+
+// Forget drops the waiting marks of the nodes' privileges: their record
+// is written.
+func (r *Privileges) Forget(nodeIDs []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.waiting) == 0 {
+		return
+	}
+	for _, n := range nodeIDs {
+		delete(r.waiting, n)
+	}
 }
 
 // keepUndecided drops from byNode (and from inFlight) the privileges whose
@@ -619,8 +702,11 @@ func (r *Privileges) revokeOne(ctx context.Context, p Privilege, deadline time.T
 	defer r.release([]Privilege{p})
 	left := deadline.Sub(r.Clock.Now())
 	if left <= 0 {
-		return false // the record decides it: no answer within the deadline
+		// The record decides it: never called (its waiting mark stays
+		// for the record to read).
+		return false
 	}
+	r.unmark([]Privilege{p})
 	callCtx, cancel := context.WithTimeout(ctx, left)
 	err := r.revoke(callCtx, p)
 	timedOut := callCtx.Err() != nil
