@@ -39,7 +39,8 @@ class ToolRefused(ConnectError):
 class ToolCallCancelled(Exception):
     """The control plane cancelled the call (its subtree was aborted). Raised
     out of the gated block or function once the tool has returned and the
-    cancellation was acknowledged."""
+    cancellation was acknowledged, or on entering it, the block not run,
+    when the cancel was ordered before the call began."""
 
     def __init__(self, call_id: str, reason: str = ""):
         super().__init__(f"tool call {call_id} cancelled by the control plane" + (f": {reason}" if reason else ""))
@@ -424,8 +425,28 @@ class _GatedBlock:
     def __enter__(self) -> GateCall:
         self.call = self.gate._begin(self.token, self.tool, self.required_scope)
         self.gate._register(self.call)
+        if self._cancelled_before_it_ran():
+            self.gate._finish(self.call, None, stopped=True)
+            raise ToolCallCancelled(self.call.call_id, self.call.reason)
         self._ctx_token = _current.set(self.call)
         return self.call
+
+    def _cancelled_before_it_ran(self) -> bool:
+        """Whether the control plane ordered the call's cancel before the
+        tool ran: the order came before BeginCall's answer (an early order,
+        applied as the call was registered). Such a call is taken out of the
+        gate's calls in flight, and the caller acknowledges the cancel and
+        raises ToolCallCancelled without running the block: run with
+        ``cancelled`` already set, a tool that does its side effect before
+        it looks (most never look) did it after its stop, and the ledger
+        read the call completed (rogue43O tests), as the Go and TypeScript
+        gates ran their handler or function until the forty-third pass."""
+        call = self.call
+        assert call is not None
+        if not call.cancelled.is_set():
+            return False
+        self.gate._unregister(call)
+        return True
 
     def _leave_context(self) -> None:
         """Takes the call back out of ``current_call()``'s context variable.
@@ -509,6 +530,12 @@ class _GatedBlock:
         self.call._loop = asyncio.get_running_loop()
         self.call._task = asyncio.current_task()
         self.gate._register(self.call)
+        if self._cancelled_before_it_ran():
+            # Unregistered before this task awaits: the gate's cancellation
+            # of the task, scheduled as the order was applied, finds the
+            # call no longer inside and is dropped.
+            await asyncio.shield(self.gate._in_thread(functools.partial(self.gate._finish, self.call, None, stopped=True)))
+            raise ToolCallCancelled(self.call.call_id, self.call.reason)
         self._ctx_token = _current.set(self.call)
         return self.call
 
@@ -595,7 +622,8 @@ def tool_gate(gate: ToolGate, tool: str, *, token: Token, required_scope: str = 
 
     A refused call raises ToolRefused without running the tool; a cancelled
     one raises ToolCallCancelled after the tool stopped and the cancel was
-    acknowledged. An asyncio tool observes the cancellation as
+    acknowledged (on entry, the tool not run, when the cancel was ordered
+    before the call began). An asyncio tool observes the cancellation as
     CancelledError; a synchronous one through ``current_call()`` (and stops
     by raising, with ``check()``). A tool that returns or raises its own
     error after the cancel is recorded completed or failed, and its caller
