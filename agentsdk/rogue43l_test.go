@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/agentsdk"
+	"github.com/tetherhq/tether/controlplane/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -113,5 +114,98 @@ func TestRogue43LSilentCancelStreamDoesNotDeafenTheGate(t *testing.T) {
 	}
 	if n := path.watches.Load(); n < 2 {
 		t.Fatalf("the order heard on %d stream(s): the stalled one relayed it", n)
+	}
+}
+
+// rogue43lRenewals counts the lease renewals on a worker's path the
+// control plane refused with unauthenticated (401: a dead credential).
+type rogue43lRenewals struct {
+	next    http.RoundTripper
+	refused atomic.Int32
+}
+
+func (c *rogue43lRenewals) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := c.next.RoundTrip(r)
+	if err == nil && strings.HasSuffix(r.URL.Path, "/Renew") && resp.StatusCode == http.StatusUnauthorized {
+		c.refused.Add(1)
+	}
+	return resp, err
+}
+
+// The agent being stopped holds a job under a LeaseWorker, and its path to
+// the control plane (a proxy's, a peer's) withholds its lease traffic while
+// its node is aborted: the stop's cancel request never reaches the job, and
+// the stop ends all the same (the operator confirms the exit, the record is
+// written, the node's credential refused). Once the path is honest again
+// every renewal is refused unauthenticated, and the worker logged each and
+// went on: the job's work ran for its lease's whole window (here the
+// policy's ten minutes) after its stop, as Agent.Run would have aborted the
+// agent at the first such refusal. Now the renew loop ends the job on a
+// dead credential (unauthenticated, permission_denied) as on a confirmed
+// exit (failed_precondition).
+func TestRogue43LLeaseWorkerStopsAJobWhoseCredentialIsDead(t *testing.T) {
+	ctx := context.Background()
+	srv, operator, root := embeddedRoot(t, "root")
+	child := spawnChild(t, root, "worker")
+	cut := &cuttable{next: agentsdk.HTTP2Client(srv.URL).Transport}
+	renewals := &rogue43lRenewals{next: cut}
+	conn := agentsdk.Dial(srv.URL, child.Credential, agentsdk.WithHTTPClient(&http.Client{Transport: renewals}))
+	offered, err := root.Conn().Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{
+		JobId: "job-43l", HolderIdentity: child.Node.NodeId, LeaseDuration: durationpb.New(10 * time.Minute),
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := agentsdk.NewLeaseWorker(agentsdk.LeaseWorkerConfig{Conn: conn, SpoolDir: t.TempDir(), RenewEvery: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	job, _, err := w.Accept(ctx, offered.Msg.Lease, agentsdk.JobOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut.disconnect() // the path withholds the worker's lease traffic
+	term, err := operator.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: child.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
+		CancelAckTimeout: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Second), Reason: "rogue43l",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := operator.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: child.Node.NodeId})); err != nil {
+		t.Fatal(err)
+	}
+	testserver.WaitFor(t, 30*time.Second, "the abort to terminate", func() bool {
+		got, err := operator.Supervisor.GetTermination(ctx, connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: term.Msg.Termination.TerminationId}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got.Msg.Termination.State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+	})
+	if err := job.Context().Err(); err != nil {
+		t.Fatalf("the job ended (%v) while its path withheld everything: the test proves nothing", context.Cause(job.Context()))
+	}
+	cut.cut.Store(false) // honest again
+	const enough = 5
+	testserver.WaitFor(t, 30*time.Second, "the job to end or its renewals to be refused", func() bool {
+		select {
+		case <-job.Done():
+			return true
+		default:
+			return renewals.refused.Load() >= enough
+		}
+	})
+	select {
+	case <-job.Done():
+	default:
+		t.Fatalf("the job still works after its node's stop: %d renewals refused unauthenticated, its context %v", renewals.refused.Load(), job.Context().Err())
+	}
+	cause := context.Cause(job.Context())
+	if !errors.Is(cause, agentsdk.ErrJobEnded) || connect.CodeOf(cause) != connect.CodeUnauthenticated {
+		t.Fatalf("the job ended with %v, want ErrJobEnded carrying unauthenticated", cause)
+	}
+	if n := renewals.refused.Load(); n != 1 {
+		t.Fatalf("%d renewals refused before the job ended, want 1", n)
 	}
 }
