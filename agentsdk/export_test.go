@@ -177,3 +177,11 @@ func HeldTombstoneBytes(v *Verifier) (tombstones, bytes int) {
 	}
 	return tombstones, bytes
 }
+
+// SetCancelWatchRefresh sets how long a busy gate keeps a WatchCancels
+// stream (CancelWatchRefresh) for the gates made from now on. It returns
+// the function that undoes it.
+func SetCancelWatchRefresh(d time.Duration) (undo func()) {
+	was := cancelWatchRefresh.Swap(int64(d))
+	return func() { cancelWatchRefresh.Store(was) }
+}

@@ -451,7 +451,8 @@ type Job struct {
 // (ErrLeaseUnconfirmed), or when the worker ends it (ErrJobEnded; the
 // worker's Close: ErrWorkerClosed, which wraps it; a renewal the control
 // plane refuses because the agent may not act — its node's exit was
-// confirmed — an ErrJobEnded carrying that failed_precondition). A closed worker
+// confirmed, or its credential is dead — an ErrJobEnded carrying that
+// failed_precondition, unauthenticated or permission_denied). A closed worker
 // returns ErrWorkerClosed without acknowledging anything.
 func (w *LeaseWorker) Accept(ctx context.Context, offered *tetherv1.Lease, opts JobOptions) (*Job, *tetherv1.Decision, error) {
 	if w.isClosed() {
@@ -647,13 +648,20 @@ func (j *Job) renewLoop() {
 		ctx, cancel := context.WithTimeout(j.halted, every)
 		_, err := j.Renew(ctx)
 		cancel()
-		if connect.CodeOf(err) == connect.CodeFailedPrecondition {
+		if endsRun(err) {
 			// The control plane refuses the agent itself, not this lease
 			// (whose refusals are decisions): its node's exit was
-			// confirmed (a launcher's attestation while it was cut off).
-			// Each renewal is kept as evidence against that exit, and none
-			// will be accepted: the job's work is told to stop now, not
-			// when its window lapses on the worker's clock.
+			// confirmed (failed_precondition: a launcher's attestation
+			// while it was cut off), or its credential is dead
+			// (unauthenticated, permission_denied: the node was
+			// terminated), the refusals Agent.Run aborts on. Each renewal
+			// is kept as evidence against that exit, and none will be
+			// accepted: the job's work is told to stop now, not when its
+			// window lapses on the worker's clock. A worker whose path
+			// withheld its lease traffic while its node was stopped (the
+			// stop's cancel request never reached the job) worked on for
+			// the lease's whole window, up to the policy's ten minutes,
+			// after its stop's record was written (rogue43l test).
 			j.w.cfg.Log.Warn("lease renew refused: the agent may not act; the job ends", "job", j.Lease().GetJobId(), "error", err)
 			j.end(fmt.Errorf("%w: the control plane refuses the agent's renewal: %w", ErrJobEnded, err))
 			return

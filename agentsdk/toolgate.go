@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -105,13 +106,21 @@ func (g *ToolGate) watch(ctx context.Context) {
 	defer close(g.watchDone)
 	var once sync.Once
 	for ctx.Err() == nil {
-		stream, err := g.conn.Tool.WatchCancels(ctx, connect.NewRequest(&tetherv1.WatchCancelsRequest{GateId: g.ID}))
+		sctx, scancel := context.WithCancel(ctx)
+		stream, err := g.conn.Tool.WatchCancels(sctx, connect.NewRequest(&tetherv1.WatchCancelsRequest{GateId: g.ID}))
+		refreshed := false
 		if err == nil {
 			once.Do(func() { close(g.watching) })
+			stop := g.refreshWhileBusy(sctx, func() { refreshed = true; scancel() })
 			for stream.Receive() {
 				g.cancel(stream.Msg().CallId)
 			}
+			stop()
 			stream.Close()
+		}
+		scancel()
+		if refreshed && ctx.Err() == nil {
+			continue // opened anew at once: the control plane sends every pending order again
 		}
 		t := time.NewTimer(200 * time.Millisecond)
 		select {
@@ -121,6 +130,57 @@ func (g *ToolGate) watch(ctx context.Context) {
 		}
 	}
 	once.Do(func() { close(g.watching) })
+}
+
+// CancelWatchRefresh is how long a gate with calls in flight (or begins
+// under way) keeps one WatchCancels stream before it opens another. The
+// stream carries cancel orders only, so a silent one is what an honest
+// control plane with nothing to cancel sends too: a hostile element on the
+// gate's path (a proxy that stalls the stream, a peer) that held the
+// stream open and relayed nothing had the gate deaf to every cancel order
+// for good, its handlers running on past their cancel and the agent's
+// abort recording them unacknowledged, even once the path was honest
+// again (rogue43l test). The control plane sends every pending order again
+// on a new stream, so a stalled stream costs a gate at most this long; a
+// gate with nothing in flight keeps its stream (an order is only ever for
+// a call it began, and a begin makes it busy).
+const CancelWatchRefresh = 15 * time.Second
+
+// cancelWatchRefresh is CancelWatchRefresh, in nanoseconds; a test sets
+// it shorter.
+var cancelWatchRefresh atomic.Int64
+
+func init() { cancelWatchRefresh.Store(int64(CancelWatchRefresh)) }
+
+// refreshWhileBusy calls refresh once the stream opened with sctx has
+// lasted a refresh interval (cancelWatchRefresh) at a moment the gate has
+// a call in flight or a begin under way; stop ends the watch of it.
+func (g *ToolGate) refreshWhileBusy(sctx context.Context, refresh func()) (stop func()) {
+	every := time.Duration(cancelWatchRefresh.Load())
+	ticker := time.NewTicker(every)
+	done := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-sctx.Done():
+				return
+			case <-done:
+				return
+			case <-ticker.C:
+			}
+			g.mu.Lock()
+			busy := len(g.inflight) > 0 || len(g.beginning) > 0
+			g.mu.Unlock()
+			if busy {
+				refresh()
+				return
+			}
+		}
+	}()
+	return func() { close(done); <-ended }
 }
 
 func (g *ToolGate) cancel(callID string) {
