@@ -521,9 +521,13 @@ func (c *Console) terminationEvents(w http.ResponseWriter, r *http.Request, s *s
 // ---- records ----
 
 type recordSummary struct {
-	Record         *tetherv1.ReconciliationRecord
-	Unaccounted    int
-	Confirmed      int
+	Record      *tetherv1.ReconciliationRecord
+	Unaccounted int
+	Confirmed   int
+	// Superseded: the nodes another termination accounts for (it took
+	// them over, or had them first); they did not confirm their exit in
+	// this one, and its record is not where their end is told.
+	Superseded     int
 	UnresolvedCall int
 	FailedRevokes  int
 	Unresolved     int
@@ -535,9 +539,16 @@ type recordSummary struct {
 func summarize(rec *tetherv1.ReconciliationRecord) recordSummary {
 	sum := recordSummary{Record: rec}
 	for _, n := range rec.Nodes {
-		if n.Outcome == tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED {
+		switch n.Outcome {
+		case tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED:
 			sum.Unaccounted++
-		} else {
+		case tetherv1.NodeOutcome_NODE_OUTCOME_SUPERSEDED:
+			// Left to another termination: not confirmed here. An agent
+			// that drains its own subtree on a day's window and is then
+			// aborted by an operator has its stop's record list every
+			// node superseded, and the page said each confirmed its exit.
+			sum.Superseded++
+		default:
 			sum.Confirmed++
 		}
 	}
@@ -649,6 +660,10 @@ type recordData struct {
 	ToolCalls  []*tetherv1.RecordToolCall
 	Privileges []*tetherv1.RecordPrivilege
 	Leases     []*tetherv1.RecordLease
+	// LeftTo: the terminations the record's superseded nodes were left
+	// to, once each, RecordRows at most (MoreLeftTo more).
+	LeftTo     []string
+	MoreLeftTo int
 	// Refused: the nodes with refused calls counted and not listed.
 	Refused                                                                []*tetherv1.RecordNode
 	MoreUnaccounted, MoreUnresolvedCalls, MoreFailed, MoreUnresolvedLeases int
@@ -697,6 +712,13 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 			d.UnresolvedLeases = append(d.UnresolvedLeases, l)
 		}
 	}
+	seen := map[string]bool{}
+	for _, n := range rec.Nodes {
+		if by := n.SupersededByTerminationId; n.Outcome == tetherv1.NodeOutcome_NODE_OUTCOME_SUPERSEDED && by != "" && !seen[by] {
+			seen[by] = true
+			d.LeftTo = append(d.LeftTo, by)
+		}
+	}
 	for _, n := range rec.Nodes {
 		if n.RefusedCallsNotListed > 0 {
 			d.Refused = append(d.Refused, n)
@@ -713,6 +735,7 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 	d.Privileges, d.MorePrivileges = firstRows(rec.Privileges)
 	d.Leases, d.MoreLeases = firstRows(rec.Leases)
 	d.Refused, d.MoreRefused = firstRows(d.Refused)
+	d.LeftTo, d.MoreLeftTo = firstRows(d.LeftTo)
 	c.render(w, r, s, http.StatusOK, "record", "Record "+id, d)
 }
 
