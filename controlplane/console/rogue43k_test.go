@@ -9,6 +9,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tetherhq/tether/controlplane/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -74,5 +75,63 @@ func TestRogue43KLeftToAnotherStopIsNotConfirmedOnTheRecordPage(t *testing.T) {
 	}
 	if row == "" || strings.Contains(row, "<td>1</td>") || !strings.Contains(row, "left to other terminations") {
 		t.Errorf("the records list's row of the rogue's record counts the child confirmed or does not say it was left to another: %s", row)
+	}
+}
+
+// TestRogue43KACallThatRanOnAfterItsCancelNeedsAttention: the operator
+// aborts the rogue with its http call in flight; the abort orders the
+// call's cancel, and the rogue's tool server, instead of acknowledging it,
+// lets the tool run on and then reports the call completed. The record
+// resolves the call completed (with the time its cancel was ordered), and
+// the console's record page listed it among the tool calls as
+// "completed", nowhere under Needs attention: an abort whose tool went on
+// acting read as one that stopped it. The page now lists such a call
+// under Needs attention, with when its cancel was ordered and when it
+// ended.
+func TestRogue43KACallThatRanOnAfterItsCancelNeedsAttention(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	calls, err := w.admin.Tool.ListCalls(ctx, connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: w.nodes["rogue"].NodeId}))
+	if err != nil || len(calls.Msg.Calls) != 1 {
+		t.Fatalf("the rogue's calls in flight: %v, %v; want its one http call", calls, err)
+	}
+	call := calls.Msg.Calls[0].CallId
+	stop, err := w.admin.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: w.nodes["rogue"].NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
+		CancelAckTimeout: durationpb.New(time.Hour), ConfirmTimeout: durationpb.New(time.Minute), Reason: "stop the rogue",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := stop.Msg.Termination.TerminationId
+	testserver.WaitFor(t, 20*time.Second, "the abort to order the call's cancel", func() bool {
+		got, err := w.admin.Supervisor.GetTermination(ctx, connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: id}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got.Msg.Termination.Progress.GetAcksPending() == 1
+	})
+	gate := w.srv.Clients(w.srv.ToolServerToken(t, "gate-http"))
+	if _, err := gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: call, GateId: "gate-http"})); err != nil {
+		t.Fatalf("the rogue tool server's report of the call completed: %v", err)
+	}
+	w.waitTermination(t, id, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	w.clk.Advance(2 * time.Minute) // past the confirm timeout: nobody confirms
+	done := w.waitTermination(t, id, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	testserver.WaitFor(t, 20*time.Second, "the record", func() bool {
+		done = w.waitTermination(t, id, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+		return done.RecordId != ""
+	})
+
+	b := newBrowser(t, w.srv.URL)
+	b.signIn(w.token(t, tetherv1.Role_ROLE_VIEWER))
+	p := b.get("/ui/records/" + done.RecordId)
+	attention, _, _ := strings.Cut(p.body, "<h2>Agents")
+	if !strings.Contains(attention, `id="ran-on-calls"`) || !strings.Contains(attention, call) {
+		t.Fatalf("the record page's Needs attention does not list call %s, completed after its cancel was ordered:\n%s", call, attention)
+	}
+	list := b.get("/ui/records?tree=" + w.nodes["rogue"].NodeId)
+	if !strings.Contains(list.body, "1 ran on after their cancel") {
+		t.Errorf("the records list's row of the stop does not say a call ran on after its cancel:\n%s", list.body)
 	}
 }

@@ -530,7 +530,9 @@ type recordSummary struct {
 	Superseded     int
 	UnresolvedCall int
 	FailedRevokes  int
-	Unresolved     int
+	// RanOn: the calls that ran on after their cancel (ranOn).
+	RanOn      int
+	Unresolved int
 	// Partial: the list carried only the record's first entries (a record
 	// too large to list whole); the counts are theirs.
 	Partial bool
@@ -556,6 +558,9 @@ func summarize(rec *tetherv1.ReconciliationRecord) recordSummary {
 		if unresolvedCall(call.Resolution) {
 			sum.UnresolvedCall++
 		}
+		if ranOn(call) {
+			sum.RanOn++
+		}
 	}
 	for _, p := range rec.Privileges {
 		if p.Outcome == tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED {
@@ -573,6 +578,14 @@ func summarize(rec *tetherv1.ReconciliationRecord) recordSummary {
 // unresolvedCall: a call whose end nobody vouched for.
 func unresolvedCall(r tetherv1.CallResolution) bool {
 	return r == tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED || r == tetherv1.CallResolution_CALL_RESOLUTION_UNSPECIFIED
+}
+
+// ranOn: a call its gate reported ended (completed or failed) after the
+// termination ordered its cancel, instead of acknowledging the cancel. A
+// rogue tool server that lets its tool run on through the abort and then
+// reports it completed had the record page say nothing needs attention.
+func ranOn(c *tetherv1.RecordToolCall) bool {
+	return c.CancelRequestedAt != nil && (c.Resolution == tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED || c.Resolution == tetherv1.CallResolution_CALL_RESOLUTION_FAILED)
 }
 
 type recordsData struct {
@@ -652,6 +665,10 @@ type recordData struct {
 	Read             int
 	UnaccountedNodes []*tetherv1.RecordNode
 	UnresolvedCalls  []*tetherv1.RecordToolCall
+	// RanOn: the calls whose end a gate reported (completed or failed)
+	// after the termination ordered their cancel: resolved, but the tool
+	// was not stopped by the order, and did what it did after it.
+	RanOn            []*tetherv1.RecordToolCall
 	FailedPrivileges []*tetherv1.RecordPrivilege
 	UnresolvedLeases []*tetherv1.RecordLease
 	// What the page draws of the record's lists, RecordRows of each, and
@@ -667,6 +684,7 @@ type recordData struct {
 	// Refused: the nodes with refused calls counted and not listed.
 	Refused                                                                []*tetherv1.RecordNode
 	MoreUnaccounted, MoreUnresolvedCalls, MoreFailed, MoreUnresolvedLeases int
+	MoreRanOn                                                              int
 	MoreNodes, MoreToolCalls, MorePrivileges, MoreLeases, MoreRefused      int
 }
 
@@ -701,6 +719,9 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 		if unresolvedCall(call.Resolution) {
 			d.UnresolvedCalls = append(d.UnresolvedCalls, call)
 		}
+		if ranOn(call) {
+			d.RanOn = append(d.RanOn, call)
+		}
 	}
 	for _, p := range rec.Privileges {
 		if p.Outcome == tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED {
@@ -728,6 +749,7 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 	// each list.
 	d.UnaccountedNodes, d.MoreUnaccounted = firstRows(d.UnaccountedNodes)
 	d.UnresolvedCalls, d.MoreUnresolvedCalls = firstRows(d.UnresolvedCalls)
+	d.RanOn, d.MoreRanOn = firstRows(d.RanOn)
 	d.FailedPrivileges, d.MoreFailed = firstRows(d.FailedPrivileges)
 	d.UnresolvedLeases, d.MoreUnresolvedLeases = firstRows(d.UnresolvedLeases)
 	d.Nodes, d.MoreNodes = firstRows(rec.Nodes)
