@@ -521,12 +521,18 @@ func (c *Console) terminationEvents(w http.ResponseWriter, r *http.Request, s *s
 // ---- records ----
 
 type recordSummary struct {
-	Record         *tetherv1.ReconciliationRecord
-	Unaccounted    int
-	Confirmed      int
+	Record      *tetherv1.ReconciliationRecord
+	Unaccounted int
+	Confirmed   int
+	// Superseded: the nodes another termination accounts for (it took
+	// them over, or had them first); they did not confirm their exit in
+	// this one, and its record is not where their end is told.
+	Superseded     int
 	UnresolvedCall int
 	FailedRevokes  int
-	Unresolved     int
+	// RanOn: the calls that ran on after their cancel (ranOn).
+	RanOn      int
+	Unresolved int
 	// Partial: the list carried only the record's first entries (a record
 	// too large to list whole); the counts are theirs.
 	Partial bool
@@ -535,15 +541,25 @@ type recordSummary struct {
 func summarize(rec *tetherv1.ReconciliationRecord) recordSummary {
 	sum := recordSummary{Record: rec}
 	for _, n := range rec.Nodes {
-		if n.Outcome == tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED {
+		switch n.Outcome {
+		case tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED:
 			sum.Unaccounted++
-		} else {
+		case tetherv1.NodeOutcome_NODE_OUTCOME_SUPERSEDED:
+			// Left to another termination: not confirmed here. An agent
+			// that drains its own subtree on a day's window and is then
+			// aborted by an operator has its stop's record list every
+			// node superseded, and the page said each confirmed its exit.
+			sum.Superseded++
+		default:
 			sum.Confirmed++
 		}
 	}
 	for _, call := range rec.ToolCalls {
 		if unresolvedCall(call.Resolution) {
 			sum.UnresolvedCall++
+		}
+		if ranOn(call) {
+			sum.RanOn++
 		}
 	}
 	for _, p := range rec.Privileges {
@@ -562,6 +578,14 @@ func summarize(rec *tetherv1.ReconciliationRecord) recordSummary {
 // unresolvedCall: a call whose end nobody vouched for.
 func unresolvedCall(r tetherv1.CallResolution) bool {
 	return r == tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED || r == tetherv1.CallResolution_CALL_RESOLUTION_UNSPECIFIED
+}
+
+// ranOn: a call its gate reported ended (completed or failed) after the
+// termination ordered its cancel, instead of acknowledging the cancel. A
+// rogue tool server that lets its tool run on through the abort and then
+// reports it completed had the record page say nothing needs attention.
+func ranOn(c *tetherv1.RecordToolCall) bool {
+	return c.CancelRequestedAt != nil && (c.Resolution == tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED || c.Resolution == tetherv1.CallResolution_CALL_RESOLUTION_FAILED)
 }
 
 type recordsData struct {
@@ -641,6 +665,10 @@ type recordData struct {
 	Read             int
 	UnaccountedNodes []*tetherv1.RecordNode
 	UnresolvedCalls  []*tetherv1.RecordToolCall
+	// RanOn: the calls whose end a gate reported (completed or failed)
+	// after the termination ordered their cancel: resolved, but the tool
+	// was not stopped by the order, and did what it did after it.
+	RanOn            []*tetherv1.RecordToolCall
 	FailedPrivileges []*tetherv1.RecordPrivilege
 	UnresolvedLeases []*tetherv1.RecordLease
 	// What the page draws of the record's lists, RecordRows of each, and
@@ -649,9 +677,14 @@ type recordData struct {
 	ToolCalls  []*tetherv1.RecordToolCall
 	Privileges []*tetherv1.RecordPrivilege
 	Leases     []*tetherv1.RecordLease
+	// LeftTo: the terminations the record's superseded nodes were left
+	// to, once each, RecordRows at most (MoreLeftTo more).
+	LeftTo     []string
+	MoreLeftTo int
 	// Refused: the nodes with refused calls counted and not listed.
 	Refused                                                                []*tetherv1.RecordNode
 	MoreUnaccounted, MoreUnresolvedCalls, MoreFailed, MoreUnresolvedLeases int
+	MoreRanOn                                                              int
 	MoreNodes, MoreToolCalls, MorePrivileges, MoreLeases, MoreRefused      int
 }
 
@@ -686,6 +719,9 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 		if unresolvedCall(call.Resolution) {
 			d.UnresolvedCalls = append(d.UnresolvedCalls, call)
 		}
+		if ranOn(call) {
+			d.RanOn = append(d.RanOn, call)
+		}
 	}
 	for _, p := range rec.Privileges {
 		if p.Outcome == tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED {
@@ -697,6 +733,13 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 			d.UnresolvedLeases = append(d.UnresolvedLeases, l)
 		}
 	}
+	seen := map[string]bool{}
+	for _, n := range rec.Nodes {
+		if by := n.SupersededByTerminationId; n.Outcome == tetherv1.NodeOutcome_NODE_OUTCOME_SUPERSEDED && by != "" && !seen[by] {
+			seen[by] = true
+			d.LeftTo = append(d.LeftTo, by)
+		}
+	}
 	for _, n := range rec.Nodes {
 		if n.RefusedCallsNotListed > 0 {
 			d.Refused = append(d.Refused, n)
@@ -706,6 +749,7 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 	// each list.
 	d.UnaccountedNodes, d.MoreUnaccounted = firstRows(d.UnaccountedNodes)
 	d.UnresolvedCalls, d.MoreUnresolvedCalls = firstRows(d.UnresolvedCalls)
+	d.RanOn, d.MoreRanOn = firstRows(d.RanOn)
 	d.FailedPrivileges, d.MoreFailed = firstRows(d.FailedPrivileges)
 	d.UnresolvedLeases, d.MoreUnresolvedLeases = firstRows(d.UnresolvedLeases)
 	d.Nodes, d.MoreNodes = firstRows(rec.Nodes)
@@ -713,6 +757,7 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 	d.Privileges, d.MorePrivileges = firstRows(rec.Privileges)
 	d.Leases, d.MoreLeases = firstRows(rec.Leases)
 	d.Refused, d.MoreRefused = firstRows(d.Refused)
+	d.LeftTo, d.MoreLeftTo = firstRows(d.LeftTo)
 	c.render(w, r, s, http.StatusOK, "record", "Record "+id, d)
 }
 
