@@ -16,7 +16,9 @@ export type JobEndKind = "cancelled" | "lost" | "ended";
  *   (it expired, was superseded, is in an ownership conflict, or the job is
  *   terminal), or no renewal it accepted covers the worker's clock any more
  *   (the last accepted ACK's or renewal's send time plus the lease duration
- *   passed: authority cannot be proven) — detail says which;
+ *   passed: authority cannot be proven), or an answer names another job,
+ *   or another lease of this one (not this job's answer: nothing in it is
+ *   taken, and the job's own never came) — detail says which;
  * - "ended": the worker completed or stopped the job, or the control plane
  *   refused a renewal because the agent may not act (its node's exit was
  *   confirmed: failed_precondition) — detail says which.
@@ -268,7 +270,7 @@ export class Job {
     this.#jobId = offered.jobId;
     this.#leaseId = offered.leaseId;
     this.#generation = offered.leaseGeneration;
-    if (lease.leaseGeneration === offered.leaseGeneration) {
+    if (lease.leaseGeneration === offered.leaseGeneration && !namesAnother(lease, offered.jobId, offered.leaseId)) {
       // A job this agent already held (its ACK a DUPLICATE: a process that
       // restarted after it renewed and reported progress) goes on from the
       // sequences the coordinator accepted, not from 0 again, which would
@@ -364,6 +366,7 @@ export class Job {
    */
   #held(sent: number, lease: Lease | undefined, decision: Decision | undefined): void {
     if (!lease || decision?.outcome !== Outcome.ACCEPTED || lease.leaseGeneration !== this.#generation || lease.state !== LeaseState.ACTIVE) return;
+    if (namesAnother(lease, this.#jobId, this.#leaseId)) return;
     if (decision.auditEvent !== AuditEvent.ACKED && decision.auditEvent !== AuditEvent.RENEWED) return;
     const until = sent + msOf(lease.leaseDuration);
     if (this.#heldUntil !== undefined && until <= this.#heldUntil) return;
@@ -466,6 +469,17 @@ export class Job {
 
   async #observe(lease: Lease | undefined): Promise<void> {
     if (!lease) return;
+    const another = namesAnother(lease, this.#jobId, this.#leaseId);
+    if (another) {
+      // Not this job's answer (a path that replays, caches or crosses
+      // answers): generations count per job, so another job's of the same
+      // generation passed for this one's, its accepted renewal moving the
+      // job's bound and its cancel request run and acknowledged as the
+      // job's own. Nothing in it is taken (not its lease, its cancel, its
+      // window), and the job, whose own answer never came, ends.
+      this.#end(new JobEnded("lost", this.#jobId, another));
+      return;
+    }
     this.#lease = lease;
     const firstCancel = lease.cancelRequested && !this.#cancelSeen;
     if (firstCancel) this.#cancelSeen = true;
@@ -490,7 +504,7 @@ export class Job {
       if (!lease.cancelAck && !lost && !this.#worker.closed) {
         try {
           const resp = await sending(this.#worker, this.#worker.conn.lease.cancelAck(this.#claim()));
-          if (resp.lease) this.#lease = resp.lease;
+          if (resp.lease && !namesAnother(resp.lease, this.#jobId, this.#leaseId)) this.#lease = resp.lease;
         } catch (err) {
           this.#warn(`tether: lease cancel ack of job ${lease.jobId} failed: ${(err as Error).message}`);
         }
@@ -521,7 +535,7 @@ export class Job {
     if (this.#worker.closed) throw new WorkerClosed();
     try {
       const resp = await sending(this.#worker, this.#worker.conn.lease.complete({ ...this.#claim(), result, detail }));
-      if (resp.lease) this.#lease = resp.lease;
+      if (resp.lease && !namesAnother(resp.lease, this.#jobId, this.#leaseId)) this.#lease = resp.lease;
       return resp.decision;
     } finally {
       this.#end(new JobEnded("ended", this.#lease.jobId, "completed"));
@@ -532,6 +546,22 @@ export class Job {
 /** The reason of the signal of a job its worker's close() ended. */
 function closedReason(jobId: string): JobEnded {
   return new JobEnded("ended", jobId, "the worker was closed");
+}
+
+/**
+ * Why an answer's lease is not the job's own (it names another job, or
+ * another lease of it), or "" when it is. The ids are quoted clipped: the
+ * answer's are the path's to choose, and the reason is kept and logged.
+ */
+function namesAnother(lease: Lease, jobId: string, leaseId: string): string {
+  if (lease.jobId === jobId && lease.leaseId === leaseId) return "";
+  const what = lease.jobId === jobId ? `lease ${clipped(lease.leaseId)}` : `job ${clipped(lease.jobId)}`;
+  return `the answer names ${what}, not the job's lease ${clipped(leaseId)}: it is not this job's answer, and its own never came`;
+}
+
+/** s quoted, at most 64 of its characters. */
+function clipped(s: string): string {
+  return JSON.stringify(s.length > 64 ? `${s.slice(0, 64)}…` : s);
 }
 
 /** Why a coordinator answer says this generation has no authority, or "" when it still has. */
