@@ -709,11 +709,20 @@ func (rs *Rollouts) ancestorsOf(ctx context.Context, open []supervisor.HandoverL
 // release turns every unfinished batch of an aborted rollout into a plain
 // termination: a batch still terminating cancels and resolves its leases
 // itself (its record says how); a terminated batch's open leases are
-// resolved explicitly now.
+// resolved explicitly now. The reassignments a handover pass of the batch
+// wrote down and was cut short before counting (settleReassigning) are
+// counted from their leases first: until the forty-third hostile pass an
+// abort after such a pass released the batch without them, and its count
+// missed jobs the rollout had handed over.
 func (rs *Rollouts) release(ctx context.Context, r Rollout) error {
 	for _, b := range r.Batches {
 		if b.finished() {
 			continue
+		}
+		if rs.Handover != nil {
+			if err := rs.settleReassigning(ctx, r, b, nil); err != nil {
+				return err
+			}
 		}
 		var members []string
 		terminated := false
