@@ -736,11 +736,17 @@ func (t terminationPlace) group() string {
 // of their own for the stops an operator's policy approved (its stop
 // rules' actions: a rogue that makes a rule true on each of its nodes
 // queues as many stops there); and its operators' turn for the rest (an
-// operator's stop, its decision on a proposal, a rollout's batch).
+// operator's stop, its decision on a proposal, a rollout's batch). The
+// agents' turn is each requesting agent's own (its node's): until the
+// forty-third pass a tree's agents shared one, so an honest planner's stop
+// of its rogue child's worker waited behind each of the rogue's own
+// terminations that moved at once (49 passes of 50, rogue43p test).
 func treeGroup(tree string, requesterLineage []string, requestedBy string) string {
 	switch {
-	case tree == "" || len(requesterLineage) > 0:
+	case tree == "":
 		return tree
+	case len(requesterLineage) > 0:
+		return tree + " (agent " + requesterLineage[len(requesterLineage)-1] + ")"
 	case strings.HasPrefix(requestedBy, PolicyDecider):
 		return tree + " (operators' policy)"
 	}

@@ -1,0 +1,123 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/store/badgerstore"
+)
+
+// Forty-third hostile pass (letter P): a large subtree's stops.
+
+// TestRogue43PAPlannersStopDoesNotWaitBehindItsRogueChildsTerminations: in
+// each tree the agents' stops took one turn of the terminations' loop, so
+// an honest planner's stop of a worker below its rogue child waited behind
+// each of the rogue's own terminations that moved at once. The rogue stops
+// its 50 children with a confirm deadline just before the planner's stop
+// of its other child waits to; once those deadlines pass, the planner's
+// stop waited for the rogue's terminations one by one (49 passes before
+// its own). Each requesting agent now has a turn of its own. Counted, not
+// timed, as rogue41c: the loop is held in the first of the rogue's passes
+// while the planner's deadline passes, then the passes are counted until
+// the planner's termination has its next.
+func TestRogue43PAPlannersStopDoesNotWaitBehindItsRogueChildsTerminations(t *testing.T) {
+	const k = 50
+	s, _ := chunkTestSupervisor(t, badgerstore.BadgerOptions{}, 100)
+	clk := s.Clock.(*clock.Manual)
+	var (
+		mu      sync.Mutex
+		order   []string
+		rogues  = map[string]bool{}
+		holding bool
+		held    = make(chan struct{})
+		release = make(chan struct{})
+	)
+	s.Reconciled = func(id string) {
+		mu.Lock()
+		order = append(order, id)
+		hold := holding && rogues[id]
+		if hold {
+			holding = false
+		}
+		mu.Unlock()
+		if hold {
+			close(held)
+			<-release
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-ran })
+	p, err := s.Tree.RegisterRoot(ctx, "planner", nil, "operator:test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Tree.Spawn(ctx, p.NodeID, "rogue", nil, "agent:"+p.NodeID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rogue := "agent:" + r.NodeID
+	var ids []string
+	for i := range k {
+		c, err := s.Tree.Spawn(ctx, r.NodeID, fmt.Sprintf("silent-%02d", i), nil, rogue, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		term, err := s.Terminate(ctx, TerminateRequest{NodeID: c.NodeID, Mode: ModeAbort, ConfirmTimeout: DefaultConfirmTimeout / 3, Reason: "x", RequestedBy: rogue, RequesterNodeID: r.NodeID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, term.ID)
+	}
+	mu.Lock()
+	for _, id := range ids {
+		rogues[id] = true
+	}
+	mu.Unlock()
+	w, err := s.Tree.Spawn(ctx, r.NodeID, "worker", nil, rogue, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	term, err := s.Terminate(ctx, TerminateRequest{NodeID: w.NodeID, Mode: ModeAbort, ConfirmTimeout: DefaultConfirmTimeout * 4 / 3, Reason: "stop it", RequestedBy: "agent:" + p.NodeID, RequesterNodeID: p.NodeID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopID := term.ID
+	for _, id := range append([]string{stopID}, ids...) {
+		rogue41cWaitPhase(t, s, id, PhaseReconciling)
+	}
+	mu.Lock()
+	holding = true
+	mu.Unlock()
+	clk.Advance(DefaultConfirmTimeout / 3)
+	<-held
+	clk.Advance(DefaultConfirmTimeout * 4 / 3)
+	mu.Lock()
+	from := len(order)
+	mu.Unlock()
+	close(release)
+	rogue41cWaitPhase(t, s, stopID, PhaseTerminated)
+	mu.Lock()
+	before := -1
+	for i, id := range order[from:] {
+		if id == stopID {
+			before = i
+			break
+		}
+	}
+	mu.Unlock()
+	if before < 0 {
+		t.Fatal("the planner's termination was not reconciled after its deadline")
+	}
+	t.Logf("%d passes ran before the planner's termination's, after its deadline", before)
+	if before > 2 {
+		t.Fatalf("%d passes of the 50 stops of the rogue's children ran before its planner's stop's, its deadline passed; want at most 2 (each requesting agent takes a turn of its own)", before)
+	}
+	for _, id := range ids {
+		rogue41cWaitPhase(t, s, id, PhaseTerminated)
+	}
+}
