@@ -807,7 +807,8 @@ func reservesOf(share int) int { return max(1, share/4) }
 // naming the limit — when the caller, or agents together, hold every
 // connection they may. A refused request changes nothing, and the Gate
 // closes its connection (HTTP/2: GOAWAY, then closed once its admitted
-// streams end).
+// streams end) — unless the request was forwarded by another replica,
+// whose connection carries other callers' calls (auth.Interceptor.SharedConn).
 func (c *limitedConn) bind(p auth.Principal) error {
 	key := keyOf(p)
 	node, isNode := nodeKeyOf(p)

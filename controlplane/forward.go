@@ -48,8 +48,11 @@ import (
 //     (any replica works; the leader is fastest).
 //   - A forwarded call is never forwarded again (forwardedHeader): during
 //     a change of leadership it waits on the replica it reached, up to
-//     routeWait, for that replica to serve or learn of the new leader,
-//     instead of bouncing between replicas.
+//     routeWait, for that replica to serve, instead of bouncing between
+//     replicas — while that replica knows of no other leader. One that
+//     reached a replica knowing another replica leads is refused
+//     Unavailable at once (the mark is not authenticated: a caller that
+//     sets it on a call to a follower is not held there).
 //   - A Channel stream is bound to the leader it was routed to. When that
 //     leader stops serving (it dies, loses the election, or another
 //     replica is elected) the stream ends with Unavailable, and the
@@ -72,6 +75,10 @@ const (
 
 // errNoLeader: nobody serves the leases at the moment.
 var errNoLeader = errors.New("no replica serves the job leases right now (the leadership is changing); retry")
+
+// errForwardedHere: a call marked as forwarded reached a replica that
+// does not serve the leases and knows another replica leads.
+var errForwardedHere = errors.New("this replica does not serve the job leases and does not forward a call marked as already forwarded (" + forwardedHeader + "); retry")
 
 // leaseRouter decides, for each LeaseService call, whether this replica
 // serves it (its coordinator serves) or forwards it to the leader the
@@ -165,8 +172,9 @@ func (r *leaseRouter) current() (leader.Candidate, <-chan struct{}) {
 
 // route returns nil when this replica serves the call, or the client of
 // the leader to forward it to (and the leader). A call that was forwarded
-// already (header) is only ever served here. While neither holds it waits,
-// up to routeWait, then refuses the call with Unavailable.
+// already (header) is only ever served here, and refused Unavailable at
+// once when the election names another replica. While neither holds it
+// waits, up to routeWait, then refuses the call with Unavailable.
 func (r *leaseRouter) route(ctx context.Context, header http.Header) (tetherv1connect.LeaseServiceClient, leader.Candidate, error) {
 	forwarded := header.Get(forwardedHeader) != ""
 	timeout := time.NewTimer(routeWait)
@@ -177,8 +185,17 @@ func (r *leaseRouter) route(ctx context.Context, header http.Header) (tetherv1co
 			return nil, leader.Candidate{}, nil
 		}
 		l, leaderChanged := r.current()
-		if !forwarded && l.Address != "" && l.Identity != r.self.Identity && l.Address != r.self.Address {
+		other := l.Address != "" && l.Identity != r.self.Identity && l.Address != r.self.Address
+		if other && !forwarded {
 			return r.client(l.Address), l, nil
+		}
+		if other {
+			// Marked as forwarded, to a replica that knows another one
+			// leads: the replica that sent it was behind the election,
+			// or the caller set the mark itself. Nothing here will serve
+			// it unless the election names this replica, so it is
+			// refused at once, not held: the caller retries, anywhere.
+			return nil, leader.Candidate{}, connect.NewError(connect.CodeUnavailable, errForwardedHere)
 		}
 		select {
 		case <-servingChanged:

@@ -514,8 +514,12 @@ func (s *Server) buildHandler() error {
 		MessagesCharged:       clientStreamingProcedures(),
 		Bind:                  bindConn,
 		BoundBudget:           boundBudget,
-		Cache:                 auth.NewTokenCache(0),
-		RateLimited:           s.metrics.rateLimitedCall,
+		// A follower's connection carries every caller's forwarded
+		// job-lease calls: a lineage at its share is refused alone,
+		// and the connection kept (rogue43m test).
+		SharedConn:  func(h http.Header) bool { return h.Get(forwardedHeader) != "" },
+		Cache:       auth.NewTokenCache(0),
+		RateLimited: s.metrics.rateLimitedCall,
 	}
 	// Refused at the Gate, before the observer interceptor: a path that is
 	// not a procedure (the caller's choice) is counted as UnknownProcedure.

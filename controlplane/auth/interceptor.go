@@ -137,6 +137,16 @@ type Interceptor struct {
 	// credential is verified, and before a dead one's node is read
 	// (again), however many it sends at once.
 	Anonymous *RateLimiter
+	// SharedConn, when set, reports whether a request's connection
+	// carries other callers' calls as well, by its headers (a replica
+	// forwarding its callers' calls to this one): a request refused
+	// because its caller holds every connection it may (Bind:
+	// ErrTooManyConnections) is refused alone, its connection kept,
+	// where another's would be closed. The mark need not be trusted: a
+	// caller that forges it keeps a connection that still counts for
+	// whoever it is bound to, and one bound to nobody is closed by the
+	// server's own pre-authentication bound.
+	SharedConn func(h http.Header) bool
 	// BoundBudget, when set, returns the rate budget (Principal.Budget)
 	// of the caller the request's connection was first bound to (Bind: a
 	// live credential's), or "" when it is bound to none. A request on a
@@ -874,7 +884,7 @@ func (i *Interceptor) Gate(next http.Handler) http.Handler {
 			// The body is never read: the server discards at most a little
 			// of it and closes an HTTP/1.1 connection; HTTP/2 resets the
 			// stream.
-			if r.ProtoMajor == 1 || errors.Is(err, ErrTooManyConnections) {
+			if r.ProtoMajor == 1 || errors.Is(err, ErrTooManyConnections) && (i.SharedConn == nil || !i.SharedConn(r.Header)) {
 				w.Header().Set("Connection", "close")
 			}
 			_ = errw.Write(w, withoutHeaders(r), err)
