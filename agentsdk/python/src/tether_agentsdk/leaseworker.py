@@ -12,8 +12,8 @@ from typing import Any, Callable
 
 from . import _wire
 from ._connect import (
-    FAILED_PRECONDITION, INVALID_ARGUMENT, NOT_FOUND, OUT_OF_RANGE, PERMISSION_DENIED, UNIMPLEMENTED,
-    ConnectError, Conn,
+    FAILED_PRECONDITION, INVALID_ARGUMENT, NOT_FOUND, OUT_OF_RANGE, PERMISSION_DENIED, UNAUTHENTICATED,
+    UNIMPLEMENTED, ConnectError, Conn,
 )
 
 log = logging.getLogger("tether_agentsdk")
@@ -318,7 +318,9 @@ class LeaseWorker:
         (OWNERSHIP_CONFLICT: execution halts until the coordinator resolves
         it), or the worker ends it (JOB_ENDED, also at the worker's close,
         and when the control plane refuses a renewal because the agent may
-        not act — its node's exit was confirmed —, kept in ``refusal``).
+        not act — its node's exit was confirmed, or its credential is dead
+        (failed_precondition, unauthenticated, permission_denied) —, kept
+        in ``refusal``).
         A closed worker raises WorkerClosed without acknowledging anything."""
         if self._closed:
             raise WorkerClosed()
@@ -496,14 +498,21 @@ class Job:
                 except WorkerClosed:
                     break
                 except ConnectError as e:
-                    if e.code == FAILED_PRECONDITION:
+                    if e.code in (FAILED_PRECONDITION, UNAUTHENTICATED, PERMISSION_DENIED):
                         # The control plane refuses the agent itself, not
                         # this lease (whose refusals are decisions): its
-                        # node's exit was confirmed (a launcher's
-                        # attestation while it was cut off). Each renewal is
-                        # kept as evidence against that exit and none will
-                        # be accepted: the job is told to stop now, not when
-                        # its window lapses on the worker's clock.
+                        # node's exit was confirmed (failed_precondition: a
+                        # launcher's attestation while it was cut off), or
+                        # its credential is dead (unauthenticated,
+                        # permission_denied: the node was terminated), the
+                        # refusals the Agent aborts on. Each renewal is kept
+                        # as evidence against that exit and none will be
+                        # accepted: the job is told to stop now, not when
+                        # its window lapses on the worker's clock. A worker
+                        # whose path withheld its lease traffic while its
+                        # node was stopped (the stop's cancel request never
+                        # reached the job) worked on for the lease's whole
+                        # window after its stop (rogue43U test).
                         log.warning("tether: lease renew of %s refused, the agent may not act; the job ends: %s", self.job_id, e)
                         self.refusal = e
                         self._end(JOB_ENDED)

@@ -153,6 +153,22 @@ GATE_CALL_TIMEOUT = 10.0
 #: round trip to the control plane (GATE_CALL_TIMEOUT at most).
 GATE_THREADS = 32
 
+#: How long a gate with calls in flight (or begins under way) keeps one
+#: WatchCancels stream before it opens another, in seconds (the Go gate's
+#: ``agentsdk.CancelWatchRefresh``). The stream carries cancel orders only,
+#: so a silent one is what an honest control plane with nothing to cancel
+#: sends too: a hostile element on the gate's path (a proxy that stalls the
+#: stream, a peer) that held the stream open and relayed nothing had the
+#: gate deaf to every cancel order for good, its tools running on past
+#: their cancel and the agent's abort recording them unacknowledged, even
+#: once the path was honest again (rogue43U test). The control plane sends
+#: every pending order again on a new stream, so a stalled stream costs a
+#: gate at most this long; a gate with nothing in flight keeps its stream
+#: (an order is only ever for a call it began, and a begin makes it busy).
+#: A gate's ``cancel_watch_refresh`` (this, unless set shorter before
+#: ``start``, as a test does) is what it uses.
+CANCEL_WATCH_REFRESH = 15.0
+
 # An asyncio call's begin on the gate's threads: one attempt, its retry
 # waited on the caller's loop (rogue42I test).
 _ONE_ATTEMPT = Retry(attempts=1)
@@ -199,6 +215,9 @@ class ToolGate(StreamFollower):
         self._begins = 0
         self._beginning: set[int] = set()
         self._threads: ThreadPoolExecutor | None = None  # GATE_THREADS, made on first use
+        #: How long a busy gate keeps one WatchCancels stream
+        #: (CANCEL_WATCH_REFRESH).
+        self.cancel_watch_refresh = CANCEL_WATCH_REFRESH
 
     # -- cancel orders ----------------------------------------------------------
 
@@ -213,6 +232,7 @@ class ToolGate(StreamFollower):
     def _watch(self) -> None:
         backoff = 0.1
         while not self._stop.is_set():
+            refreshed = threading.Event()
             try:
                 stream = self.conn.stream("ToolService", "WatchCancels", {"gateId": self.gate_id})
                 self._stream = stream
@@ -221,18 +241,42 @@ class ToolGate(StreamFollower):
                     stream.close()
                     return
                 backoff = 0.1
-                for order in stream:
-                    if isinstance(order.get("callId"), str) and order["callId"]:
-                        self._order(order["callId"], _clip_reason(order.get("reason", "")))
+                done = threading.Event()
+                refresher = threading.Thread(target=self._refresh_while_busy, args=(stream, done, refreshed),
+                                             name=f"tether-gate-{self.gate_id}-refresh", daemon=True)
+                refresher.start()
+                try:
+                    for order in stream:
+                        if isinstance(order.get("callId"), str) and order["callId"]:
+                            self._order(order["callId"], _clip_reason(order.get("reason", "")))
+                finally:
+                    done.set()
+                    refresher.join()
                 if self._stop.is_set():
                     return
             except ConnectError as e:
-                log.warning("tether: gate %s: cancel orders interrupted (%s); reconnecting", self.gate_id, e)
+                if not refreshed.is_set():
+                    log.warning("tether: gate %s: cancel orders interrupted (%s); reconnecting", self.gate_id, e)
             except Exception as e:  # noqa: BLE001 — this thread is how the gate hears its cancel orders
                 close_stream(self._stream)
                 log.warning("tether: gate %s: cancel orders: an answer of the wrong shape (%s: %s); reconnecting", self.gate_id, e.__class__.__name__, e)
+            if refreshed.is_set() and not self._stop.is_set():
+                continue  # opened anew at once: the control plane sends every pending order again
             self._stop.wait(backoff)
             backoff = min(backoff * 2, 5.0)
+
+    def _refresh_while_busy(self, stream: Any, done: threading.Event, refreshed: threading.Event) -> None:
+        """Closes stream (refreshed set) once it has lasted a refresh
+        interval (``cancel_watch_refresh``) at a moment the gate has a call
+        in flight or a begin under way; returns once done is set."""
+        every = self.cancel_watch_refresh
+        while not done.wait(every):
+            with self._lock:
+                busy = bool(self._inflight) or bool(self._beginning)
+            if busy:
+                refreshed.set()
+                stream.close()
+                return
 
     def _order(self, call_id: str, reason: str) -> None:
         if self.never_ack:
