@@ -115,7 +115,8 @@
 // ServeStdio's context) stops waiting for its calls in flight and records
 // them failed in its own words (it shut down; whether the upstream ran the
 // call is unknown). A gateway that dies mid-call acknowledges
-// nothing, and the record shows the call unresolved. Close waits for no
+// nothing, and the record shows the call unresolved; on Linux its stdio
+// upstreams' processes die with it (the parent-death signal). Close waits for no
 // upstream's word: a relisting ends as it begins, and so does each write
 // of the gateway's answer to the upstream's own request (ping,
 // roots/list), ConnectTimeout after it began at the latest; over stdio

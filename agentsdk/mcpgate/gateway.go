@@ -440,6 +440,10 @@ func (g *Gateway) transport(u Upstream) mcp.Transport {
 	// from before the upstream starts, and killed likewise (orphans; the
 	// error, if any, is logged as the upstream connects).
 	ownGroup(cmd)
+	// Killed with the gateway's process should that die unclosed (`tether
+	// mcp wrap` killed): its group is out of reach of a kill of the
+	// wrapper's.
+	diesWithGateway(cmd)
 	_ = orphans.Adopt()
 	return stdioTransport{Transport: &mcp.CommandTransport{Command: cmd}, cmd: cmd, bound: g.answerBound(u.Name), exits: &g.exits, log: g.log, upstream: u.Name}
 }

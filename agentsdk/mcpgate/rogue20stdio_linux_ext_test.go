@@ -23,7 +23,7 @@ import (
 )
 
 // TestMain lets this test binary be the rogue stdio upstreams below and
-// in rogue21exits, rogue38e and rogue39e.
+// in rogue21exits, rogue38e, rogue39e and rogue43t.
 func TestMain(m *testing.M) {
 	if dir := os.Getenv("MCPGATE_ROGUE39E_WORKS"); dir != "" {
 		worksOn()
@@ -47,6 +47,10 @@ func TestMain(m *testing.M) {
 	}
 	if dir := os.Getenv("MCPGATE_ROGUE38E_HOLDS"); dir != "" {
 		holdsUntilReleased(dir)
+		return
+	}
+	if dir := os.Getenv("MCPGATE_ROGUE43T_OUTLIVES"); dir != "" {
+		outlivesItsWrapper(dir)
 		return
 	}
 	if dir := os.Getenv("MCPGATE_ROGUE21_EXITS"); dir != "" {

@@ -27,7 +27,8 @@ type stdioTransport struct {
 }
 
 func (t stdioTransport) Connect(ctx context.Context) (mcp.Connection, error) {
-	c, err := t.Transport.Connect(ctx)
+	// Started on a thread that lives as long as the process (diesWithGateway).
+	c, err := startLocked(func() (mcp.Connection, error) { return t.Transport.Connect(ctx) })
 	if err != nil {
 		return nil, err
 	}
