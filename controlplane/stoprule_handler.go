@@ -108,7 +108,15 @@ func (h *stopRuleService) AddStopRule(ctx context.Context, req *connect.Request[
 		}
 		rule.Selector = sel
 	}
-	stored, compiled, err := h.s.stopRules.Add(ctx, a, rule)
+	// An agent's rule is checked against the rules of its allotment at
+	// the node, each compiled again when this replica does not hold it
+	// (the cache is bounded and cleared when full): each such compile is
+	// priced as its expression, or a rogue that cycled the cache and
+	// removed and re-added a rule at a node holding its allotment had
+	// each add compile the allotment for one rule's price.
+	stored, compiled, err := h.s.stopRules.AddPriced(ctx, a, rule, func(attached string) error {
+		return chargeExpression(ctx, attached)
+	})
 	if err != nil {
 		return nil, toConnect(err)
 	}

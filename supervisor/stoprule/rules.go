@@ -199,10 +199,19 @@ func (r *Rules) compileKept(expression string, keep bool) (*Compiled, error) {
 	return r.keepCompiled(c), nil
 }
 
+// isCompiled says whether expression is in the cache of compiled ones.
+func (r *Rules) isCompiled(expression string) bool {
+	r.compiledMu.Lock()
+	defer r.compiledMu.Unlock()
+	_, ok := r.compiled[expression]
+	return ok
+}
+
 // MaxCompiledKept bounds the cache of stored rules' compiled expressions
 // (40–70 KiB each): past it the cache is cleared, so a stored rule is not
 // always held compiled, and a test of it by id is priced as its compile
-// (TestPriced).
+// (TestPriced), as is its compile when an agent's add is checked against
+// it (AddPriced).
 const MaxCompiledKept = 4096
 
 // keepCompiled puts a stored rule's compiled expression in the cache and
@@ -224,6 +233,18 @@ func (r *Rules) keepCompiled(c *Compiled) *Compiled {
 // node_id or selector, name, expression, action, severity, labels and
 // description are taken from in; the rest is set here.
 func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, error) {
+	return r.AddPriced(ctx, a, in, nil)
+}
+
+// AddPriced is Add that calls price, when set, with the expression of
+// each rule an agent's new one is checked against (its allotment at the
+// node, checkAgentCost) that is not held compiled, before it is compiled:
+// its error refuses the rule. The cache of compiled expressions holds
+// MaxCompiledKept and is cleared when full, and the new rule's price paid
+// for its own compile alone: a rogue that cycled the cache and removed
+// and re-added a rule at a node holding its allotment had each add
+// compile the allotment again for one rule's price (rogue43q).
+func (r *Rules) AddPriced(ctx context.Context, a Actor, in *Rule, price func(expression string) error) (*Rule, *Compiled, error) {
 	rule := &Rule{
 		RuleID: id.New(id.StopRule), Name: in.Name, Expression: in.Expression, Action: in.Action,
 		SetBy: a.ID, NodeID: in.NodeID, Selector: in.Selector, Severity: in.Severity, Labels: in.Labels,
@@ -245,6 +266,7 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, e
 	if err != nil {
 		return nil, nil, err
 	}
+	priced := map[string]bool{} // by rule id, once should the transaction run again
 	err = r.Store.Update(ctx, func(tx store.Txn) error {
 		var target *tree.Node
 		if rule.NodeID != "" {
@@ -294,7 +316,7 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, e
 			return fmt.Errorf("%w: at most %d rules per node (and %d selector rules)", ErrLimit, MaxRulesPerNode, MaxRulesPerNode)
 		}
 		if a.IsAgent() {
-			if err := r.checkAgentCost(mine, c); err != nil {
+			if err := r.checkAgentCost(mine, c, price, priced); err != nil {
 				return err
 			}
 		}
@@ -329,9 +351,17 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, e
 // checkAgentCost refuses a rule of an agent whose worst-case cost, added
 // to that of the rules it counts against (attached: allotment's part of
 // the agents' rules on its node), would pass MaxAgentRuleCostPerNode.
-func (r *Rules) checkAgentCost(attached []*Rule, c *Compiled) error {
+// Each attached rule not held compiled is priced (price, when set; once
+// per rule id in priced) before it is compiled again.
+func (r *Rules) checkAgentCost(attached []*Rule, c *Compiled, price func(expression string) error, priced map[string]bool) error {
 	total := c.Cost
 	for _, o := range attached {
+		if price != nil && !priced[o.RuleID] && !r.isCompiled(o.Expression) {
+			priced[o.RuleID] = true
+			if err := price(o.Expression); err != nil {
+				return err
+			}
+		}
 		oc, err := r.compile(o.Expression)
 		if err != nil {
 			continue // a stored rule that no longer compiles is never evaluated
