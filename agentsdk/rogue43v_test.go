@@ -44,15 +44,24 @@ type rogue43VPath struct {
 	next http.RoundTripper
 	own  string
 
-	mu    sync.Mutex
-	swap  func(real, other *tetherv1.RenewResponse) *tetherv1.RenewResponse
-	other *tetherv1.RenewResponse
+	mu   sync.Mutex
+	swap func(real, other *tetherv1.RenewResponse) *tetherv1.RenewResponse
+	// forgeAck, when set, is the lease id the path puts in the answer to
+	// the ACK of `own`.
+	forgeAck string
+	other    *tetherv1.RenewResponse
 
 	renewals, cancelAcks atomic.Int32
 }
 
 func (p *rogue43VPath) RoundTrip(r *http.Request) (*http.Response, error) {
 	renew := strings.HasSuffix(r.URL.Path, "/Renew")
+	p.mu.Lock()
+	forgeAck := p.forgeAck
+	p.mu.Unlock()
+	if forgeAck != "" && strings.HasSuffix(r.URL.Path, "/Ack") {
+		return p.forgeAckAnswer(r, forgeAck)
+	}
 	if !renew && !strings.HasSuffix(r.URL.Path, "/CancelAck") {
 		return p.next.RoundTrip(r)
 	}
@@ -118,6 +127,35 @@ func (p *rogue43VPath) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
+// forgeAckAnswer relays an ACK and puts leaseID in the lease of its
+// answer.
+func (p *rogue43VPath) forgeAckAnswer(r *http.Request, leaseID string) (*http.Response, error) {
+	r.Header.Del("Accept-Encoding")
+	resp, err := p.next.RoundTrip(r)
+	if err != nil || resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Encoding") != "" {
+		return resp, err
+	}
+	answer, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	var real tetherv1.AckResponse
+	if err := proto.Unmarshal(answer, &real); err != nil {
+		return nil, err
+	}
+	if real.Lease != nil {
+		real.Lease.LeaseId = leaseID
+	}
+	if answer, err = proto.Marshal(&real); err != nil {
+		return nil, err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(answer))
+	resp.ContentLength = int64(len(answer))
+	resp.Header.Set("Content-Length", strconv.Itoa(len(answer)))
+	return resp, nil
+}
+
 // rogue43VWorld is a child agent holding two jobs of generation 1 on the
 // embedded server through the rogue path: "job-43v-own" under a
 // LeaseWorker (whose renew loop waits an hour: the test's renewals are its
@@ -132,6 +170,13 @@ type rogue43VWorld struct {
 }
 
 func startRogue43VWorld(t *testing.T) *rogue43VWorld {
+	t.Helper()
+	return startRogue43VWorldWith(t, "")
+}
+
+// startRogue43VWorldWith starts the world with the path putting forgeAck
+// (when not empty) in the answer to the own job's ACK.
+func startRogue43VWorldWith(t *testing.T, forgeAck string) *rogue43VWorld {
 	t.Helper()
 	ctx := context.Background()
 	srv, _, root := embeddedRoot(t, "root")
@@ -157,6 +202,7 @@ func startRogue43VWorld(t *testing.T) *rogue43VWorld {
 		t.Fatal(err)
 	}
 	w.other = other
+	w.path.forgeAck = forgeAck
 	lw, err := agentsdk.NewLeaseWorker(agentsdk.LeaseWorkerConfig{Conn: w.conn, SpoolDir: t.TempDir(), RenewEvery: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -186,7 +232,7 @@ func (w *rogue43VWorld) checkLost(t *testing.T, what string, names string) {
 	t.Helper()
 	ctx := w.job.Context()
 	if ctx.Err() == nil {
-		t.Fatalf("the job ran on after %d of %d renewals answered with %s answer", w.path.renewals.Load(), w.path.renewals.Load(), what)
+		t.Fatalf("the job ran on after answers with %s lease (%d renewal(s) answered so)", what, w.path.renewals.Load())
 	}
 	cause := context.Cause(ctx)
 	if !errors.Is(cause, agentsdk.ErrLeaseLost) || errors.Is(cause, agentsdk.ErrLeaseUnconfirmed) {
@@ -280,5 +326,15 @@ func TestRogue43VLeaseWorkerRunsNoOtherJobsCancel(t *testing.T) {
 	}
 	if got.Msg.Lease.CancelRequested || got.Msg.Lease.CancelAck {
 		t.Fatalf("the coordinator's lease of the job: cancel requested %v, acknowledged %v; want neither", got.Msg.Lease.CancelRequested, got.Msg.Lease.CancelAck)
+	}
+}
+
+// The answer to the job's ACK with another lease of the job in it: the
+// job ends as lost before it begins, and that lease is not taken.
+func TestRogue43VLeaseWorkerTakesNoOtherLeasesAck(t *testing.T) {
+	w := startRogue43VWorldWith(t, "lease-43v-forged")
+	w.checkLost(t, "another lease's", `lease "lease-43v-forged"`)
+	if n := w.path.renewals.Load(); n != 0 {
+		t.Fatalf("%d renewals sent after an ACK answer that was not the job's own, want 0", n)
 	}
 }
