@@ -30,7 +30,10 @@ var (
 	// should stop and Complete with CANCELLED (or FAILED).
 	ErrLeaseCancelled = errors.New("agentsdk: the coordinator requested cancellation of the job")
 	// ErrLeaseLost: the coordinator says this generation no longer has
-	// authority (it expired, was superseded, or the job is terminal).
+	// authority (it expired, was superseded, or the job is terminal), or
+	// an answer named another job, or another lease of this one (not this
+	// job's answer: nothing in it is taken, and the job's own never came;
+	// the cause wraps ErrLeaseLost and names the ids, clipped).
 	ErrLeaseLost = errors.New("agentsdk: the lease is no longer held")
 	// ErrLeaseUnconfirmed: no renewal (nor the ACK) the coordinator
 	// accepted covers now on the worker's clock — the last accepted one's
@@ -445,7 +448,8 @@ type Job struct {
 // Accept ACKs an offered lease (which must be this agent's) and starts
 // renewing it. The job's context ends when the coordinator requests
 // cancellation (cause ErrLeaseCancelled), says the generation lost
-// authority (ErrLeaseLost) or records an ownership conflict on it
+// authority (ErrLeaseLost; an answer naming another job, or another lease
+// of this one, ends it so too: it is not this job's answer) or records an ownership conflict on it
 // (*OwnershipConflictError, wrapping ErrOwnershipConflict), when no
 // accepted renewal covers the worker's clock any more
 // (ErrLeaseUnconfirmed), or when the worker ends it (ErrJobEnded; the
@@ -480,13 +484,18 @@ func (w *LeaseWorker) Accept(ctx context.Context, offered *tetherv1.Lease, opts 
 	j := &Job{w: w, opts: opts, ctx: jctx, cancel: cancel, stop: make(chan struct{}), done: make(chan struct{}), lease: l,
 		halted: halted, halt: halt,
 		jobID: offered.GetJobId(), leaseID: offered.GetLeaseId(), generation: offered.GetLeaseGeneration()}
+	if l != nil && namesAnother(l, j.jobID, j.leaseID) != "" {
+		// Not this job's answer (observe ends the job): its lease is the
+		// one offered, not the one the answer names.
+		j.lease = offered
+	}
 	if !w.track(j) {
 		// Closed while the ACK was under way: the job ends before it
 		// begins, and its lease runs out on the coordinator's clock.
 		j.end(ErrWorkerClosed)
 		return nil, d, ErrWorkerClosed
 	}
-	if l.GetLeaseGeneration() == j.generation {
+	if l.GetLeaseGeneration() == j.generation && namesAnother(l, j.jobID, j.leaseID) == "" {
 		// A job this agent already held (its ACK a DUPLICATE: a process
 		// restarted after it renewed and reported progress) goes on from
 		// the sequences the coordinator accepted, not from 0 again, which
@@ -539,7 +548,7 @@ func (w *LeaseWorker) heldNow() time.Time {
 // expiry it set. Progress renews nothing, and neither does a repeat.
 func (j *Job) held(sentAt time.Time, l *tetherv1.Lease, d *tetherv1.Decision) {
 	if l == nil || d.GetOutcome() != tetherv1.Outcome_OUTCOME_ACCEPTED || l.GetLeaseGeneration() != j.generation ||
-		l.GetState() != tetherv1.LeaseState_LEASE_STATE_ACTIVE {
+		l.GetState() != tetherv1.LeaseState_LEASE_STATE_ACTIVE || namesAnother(l, j.jobID, j.leaseID) != "" {
 		return
 	}
 	switch d.GetAuditEvent() {
@@ -706,6 +715,18 @@ func (j *Job) observe(ctx context.Context, l *tetherv1.Lease, generation uint64,
 	if l == nil {
 		return
 	}
+	if another := namesAnother(l, j.jobID, j.leaseID); another != "" {
+		// Not this job's answer (a path that replays, caches or crosses
+		// answers): generations count per job (every job's first is 1), so
+		// another job's of the same generation passed for this one's, its
+		// accepted renewal moving the job's bound and its cancel request
+		// run (OnCancel) and acknowledged as the job's own. Nothing in it
+		// is taken (not its lease, its cancel, its conflict, its window),
+		// and the job, whose own answer never came, ends.
+		j.w.cfg.Log.Warn("lease answer names another job or lease; the job ends", "job", j.jobID, "reason", another)
+		j.end(fmt.Errorf("%w: %s", ErrLeaseLost, another))
+		return
+	}
 	if l.OwnershipConflict && l.LeaseGeneration == generation || d.GetAuditEvent() == tetherv1.AuditEvent_AUDIT_EVENT_OWNERSHIP_CONFLICT {
 		// Another identity claims this generation: whatever else the
 		// answer says, the work must not go on as if it were ours.
@@ -779,12 +800,35 @@ func (j *Job) Complete(ctx context.Context, result tetherv1.TerminalResult, deta
 	if err != nil {
 		return nil, err
 	}
-	if l != nil {
+	if l != nil && namesAnother(l, j.jobID, j.leaseID) == "" {
 		j.mu.Lock()
 		j.lease = l
 		j.mu.Unlock()
 	}
 	return d, nil
+}
+
+// namesAnother says why an answer's lease is not the job's own (it names
+// another job, or another lease of the job), or "" when it is. The ids
+// are quoted clipped: the answer's are the path's to choose, and the
+// reason is kept (the job's cause) and logged.
+func namesAnother(l *tetherv1.Lease, jobID, leaseID string) string {
+	if l.GetJobId() == jobID && l.GetLeaseId() == leaseID {
+		return ""
+	}
+	what := "job " + clipped(l.GetJobId())
+	if l.GetJobId() == jobID {
+		what = "lease " + clipped(l.GetLeaseId())
+	}
+	return fmt.Sprintf("the answer names %s, not the job's lease %s: it is not this job's answer, and its own never came", what, clipped(leaseID))
+}
+
+// clipped is s quoted, at most 64 of its bytes.
+func clipped(s string) string {
+	if len(s) > 64 {
+		return strconv.Quote(s[:64]) + "…"
+	}
+	return strconv.Quote(s)
 }
 
 // spool is an append-only log of undelivered lease messages: one JSON line
