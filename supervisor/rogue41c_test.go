@@ -55,25 +55,7 @@ func rogue41cDecidedStop(t *testing.T, how string, byRule bool) {
 		t.Fatal(err)
 	}
 	rogue := "agent:" + r.NodeID
-	var ids []string
-	for i := range k {
-		c, err := s.Tree.Spawn(ctx, r.NodeID, fmt.Sprintf("silent-%02d", i), nil, rogue, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		// Its confirm deadline is set to pass before the operator's.
-		if byRule {
-			ids = append(ids, rogue41cRuleStop(t, s, c.NodeID, fmt.Sprintf("rule-%02d", i)))
-			continue
-		}
-		term, err := s.Terminate(ctx, TerminateRequest{NodeID: c.NodeID, Mode: ModeAbort, ConfirmTimeout: DefaultConfirmTimeout / 3,
-			Reason: "rogue41c", RequestedBy: rogue, RequesterNodeID: r.NodeID})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, term.ID)
-	}
-	loop.markRogues(ids)
+	ids := loop.stopRogueChildren(t, ctx, s, r.NodeID, k, "rogue41c", byRule)
 
 	// The operator's stop of the rogue's other child: a stop rule's
 	// proposal, approved by the operator or by the operator's policy.
@@ -198,6 +180,36 @@ func (l *heldLoop) markRogues(ids []string) {
 	for _, id := range ids {
 		l.rogues[id] = true
 	}
+}
+
+// stopRogueChildren has the rogue (node) spawn k children, silent-00 on,
+// and stop each (an abort whose confirm deadline, DefaultConfirmTimeout/3,
+// is set to pass before the honest stop's) with reason, or, byRule, has
+// the operator's rule's policy stop each (rogue41cRuleStop); it marks
+// those terminations the rogue's (markRogues) and returns them.
+func (l *heldLoop) stopRogueChildren(t *testing.T, ctx context.Context, s *Supervisor, node string, k int, reason string, byRule bool) []string {
+	t.Helper()
+	rogue := "agent:" + node
+	var ids []string
+	for i := range k {
+		c, err := s.Tree.Spawn(ctx, node, fmt.Sprintf("silent-%02d", i), nil, rogue, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Its confirm deadline is set to pass before the operator's.
+		if byRule {
+			ids = append(ids, rogue41cRuleStop(t, s, c.NodeID, fmt.Sprintf("rule-%02d", i)))
+			continue
+		}
+		term, err := s.Terminate(ctx, TerminateRequest{NodeID: c.NodeID, Mode: ModeAbort, ConfirmTimeout: DefaultConfirmTimeout / 3,
+			Reason: reason, RequestedBy: rogue, RequesterNodeID: node})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, term.ID)
+	}
+	l.markRogues(ids)
+	return ids
 }
 
 // passesBefore advances s's manual clock by first (the rogue's deadlines

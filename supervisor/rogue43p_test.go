@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"fmt"
 	"testing"
 
 	"github.com/tetherhq/tether/internal/store/badgerstore"
@@ -33,19 +32,7 @@ func TestRogue43PAPlannersStopDoesNotWaitBehindItsRogueChildsTerminations(t *tes
 		t.Fatal(err)
 	}
 	rogue := "agent:" + r.NodeID
-	var ids []string
-	for i := range k {
-		c, err := s.Tree.Spawn(ctx, r.NodeID, fmt.Sprintf("silent-%02d", i), nil, rogue, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		term, err := s.Terminate(ctx, TerminateRequest{NodeID: c.NodeID, Mode: ModeAbort, ConfirmTimeout: DefaultConfirmTimeout / 3, Reason: "x", RequestedBy: rogue, RequesterNodeID: r.NodeID})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, term.ID)
-	}
-	loop.markRogues(ids)
+	ids := loop.stopRogueChildren(t, ctx, s, r.NodeID, k, "x", false)
 	w, err := s.Tree.Spawn(ctx, r.NodeID, "worker", nil, rogue, nil)
 	if err != nil {
 		t.Fatal(err)
