@@ -19,40 +19,43 @@ import (
 
 // The forty-second hostile pass on the Go SDK and the launcher (letter J).
 
-// rogue42jPath is a hostile element on the agent's path to the control
-// plane (a proxy's, a peer's): on the first session it relays the control
-// plane's first message (the session's opened) and then nothing more,
-// holding the stream open — the agent's heartbeats still reach the
-// control plane, its answers never reach the agent. From then on it
-// relays honestly. It counts the sessions the agent opened.
-type rogue42jPath struct {
-	next     http.RoundTripper
-	sessions atomic.Int32
+// silentPath is a hostile element on a client's path to the control plane
+// (a proxy's, a peer's): on the first stream of the RPC whose path ends in
+// suffix, it relays the control plane's first message if relayFirst (a
+// session's opened) and then nothing more, holding the stream open. It
+// relays every other request, and every later stream, honestly. It counts
+// the streams opened (opened).
+type silentPath struct {
+	next       http.RoundTripper
+	suffix     string
+	relayFirst bool
+	opened     atomic.Int32
 }
 
-func (p *rogue42jPath) RoundTrip(r *http.Request) (*http.Response, error) {
-	if !strings.HasSuffix(r.URL.Path, "/Session") {
+func (p *silentPath) RoundTrip(r *http.Request) (*http.Response, error) {
+	if !strings.HasSuffix(r.URL.Path, p.suffix) {
 		return p.next.RoundTrip(r)
 	}
-	first := p.sessions.Add(1) == 1
+	first := p.opened.Add(1) == 1
 	resp, err := p.next.RoundTrip(r)
 	if !first || err != nil {
 		return resp, err
 	}
-	resp.Body = &rogue42jSilentBody{upstream: resp.Body, ctx: r.Context()}
+	resp.Body = &silentBody{upstream: resp.Body, ctx: r.Context(), relayed: !p.relayFirst}
 	return resp, nil
 }
 
-// rogue42jSilentBody relays the first envelope of the upstream body, then
-// holds every read until the request ends.
-type rogue42jSilentBody struct {
+// silentBody relays the first envelope of the upstream body (unless
+// relayed is set from the start), then holds every read until the request
+// ends.
+type silentBody struct {
 	upstream io.ReadCloser
 	ctx      context.Context
 	out      bytes.Buffer
 	relayed  bool
 }
 
-func (b *rogue42jSilentBody) Read(p []byte) (int, error) {
+func (b *silentBody) Read(p []byte) (int, error) {
 	if !b.relayed {
 		b.relayed = true
 		if err := relayFirstEnvelope(b.upstream, &b.out); err != nil {
@@ -66,7 +69,7 @@ func (b *rogue42jSilentBody) Read(p []byte) (int, error) {
 	return 0, b.ctx.Err()
 }
 
-func (b *rogue42jSilentBody) Close() error { return b.upstream.Close() }
+func (b *silentBody) Close() error { return b.upstream.Close() }
 
 // A hostile element on the agent's path (a proxy that stalls the stream,
 // a peer) holds the agent's session open and silent: the agent's
@@ -81,7 +84,11 @@ func TestRogue42JASilentSessionDoesNotDeafenTheAgent(t *testing.T) {
 	ctx := context.Background()
 	srv, operator, root := embeddedRoot(t, "root")
 	child := spawnChild(t, root, "child")
-	path := &rogue42jPath{next: agentsdk.HTTP2Client(srv.URL).Transport}
+	// On the agent's path: the first session relays the control plane's
+	// first message (the session's opened) and then nothing more — the
+	// agent's heartbeats still reach the control plane, its answers never
+	// reach the agent.
+	path := &silentPath{next: agentsdk.HTTP2Client(srv.URL).Transport, suffix: "/Session", relayFirst: true}
 	agent, err := agentsdk.Join(ctx, srv.URL, child.Credential, &http.Client{Transport: path})
 	if err != nil {
 		t.Fatal(err)
@@ -101,12 +108,12 @@ func TestRogue42JASilentSessionDoesNotDeafenTheAgent(t *testing.T) {
 	guard := time.After(20 * time.Second) // a guard against the hang, not a timing
 	select {
 	case <-agent.Draining():
-		if n := path.sessions.Load(); n < 2 {
+		if n := path.opened.Load(); n < 2 {
 			t.Fatalf("the drain heard on %d session(s): the stalled one relayed it", n)
 		}
 	case err := <-ran:
 		t.Fatalf("Run returned %v before the drain was heard", err)
 	case <-guard:
-		t.Fatalf("the agent is deaf: the drain not heard 20 s after it was ordered (400 heartbeat intervals); %d session(s) opened, the stalled one still waited on", path.sessions.Load())
+		t.Fatalf("the agent is deaf: the drain not heard 20 s after it was ordered (400 heartbeat intervals); %d session(s) opened, the stalled one still waited on", path.opened.Load())
 	}
 }

@@ -3,7 +3,6 @@ package agentsdk_test
 import (
 	"context"
 	"errors"
-	"io"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -20,43 +19,6 @@ import (
 
 // The forty-third hostile pass on the Go SDK (letter L).
 
-// rogue43lPath is a hostile element on a tool server's path to the
-// control plane (a proxy's, a peer's): it holds the gate's first
-// WatchCancels stream open and relays nothing of it, and relays every
-// other request, and every later stream, honestly. It counts the streams
-// the gate opened.
-type rogue43lPath struct {
-	next    http.RoundTripper
-	watches atomic.Int32
-}
-
-func (p *rogue43lPath) RoundTrip(r *http.Request) (*http.Response, error) {
-	if !strings.HasSuffix(r.URL.Path, "/WatchCancels") {
-		return p.next.RoundTrip(r)
-	}
-	first := p.watches.Add(1) == 1
-	resp, err := p.next.RoundTrip(r)
-	if !first || err != nil {
-		return resp, err
-	}
-	resp.Body = &rogue43lSilentBody{upstream: resp.Body, ctx: r.Context()}
-	return resp, nil
-}
-
-// rogue43lSilentBody relays nothing: every read waits until the request
-// ends.
-type rogue43lSilentBody struct {
-	upstream io.ReadCloser
-	ctx      context.Context
-}
-
-func (b *rogue43lSilentBody) Read([]byte) (int, error) {
-	<-b.ctx.Done()
-	return 0, b.ctx.Err()
-}
-
-func (b *rogue43lSilentBody) Close() error { return b.upstream.Close() }
-
 // A hostile element on a tool server's path holds the gate's WatchCancels
 // stream open and silent. The stream carries cancel orders only, so its
 // silence is what an honest control plane with nothing to cancel sends
@@ -72,7 +34,9 @@ func TestRogue43LSilentCancelStreamDoesNotDeafenTheGate(t *testing.T) {
 	ctx := context.Background()
 	w := startShellWorld(t)
 	operator, agent := w.operator, w.agent
-	path := &rogue43lPath{next: operator.HTTP.Transport}
+	// On the gate's path: its first WatchCancels stream held open, nothing
+	// of it relayed.
+	path := &silentPath{next: operator.HTTP.Transport, suffix: "/WatchCancels"}
 	gate := agentsdk.NewToolGate(agentsdk.Dial(operator.BaseURL, w.gateToken, agentsdk.WithHTTPClient(&http.Client{Transport: path})), "shell-gate")
 	t.Cleanup(gate.Close)
 	<-gate.Ready()
@@ -107,12 +71,12 @@ func TestRogue43LSilentCancelStreamDoesNotDeafenTheGate(t *testing.T) {
 			t.Fatalf("the tool's context ended with %v, want ErrCancelled", cause)
 		}
 	case <-time.After(20 * time.Second): // a guard against the hang, not a timing
-		t.Fatalf("the gate is deaf: its tool still running 20 s (200 refresh intervals) after its abort was ordered; %d WatchCancels stream(s) opened, the stalled one still waited on", path.watches.Load())
+		t.Fatalf("the gate is deaf: its tool still running 20 s (200 refresh intervals) after its abort was ordered; %d WatchCancels stream(s) opened, the stalled one still waited on", path.opened.Load())
 	}
 	if err := <-called; !errors.Is(err, agentsdk.ErrCancelled) {
 		t.Fatalf("Call returned %v, want ErrCancelled (the cancel acknowledged)", err)
 	}
-	if n := path.watches.Load(); n < 2 {
+	if n := path.opened.Load(); n < 2 {
 		t.Fatalf("the order heard on %d stream(s): the stalled one relayed it", n)
 	}
 }

@@ -2,13 +2,9 @@ package controlplane_test
 
 import (
 	"context"
-	"fmt"
-	"net/http"
 	"testing"
 	"time"
 
-	"github.com/tetherhq/tether/controlplane/testserver"
-	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/privilege"
 )
@@ -28,44 +24,23 @@ import (
 // at every level: the rogue's whole subtree is one branch beside the
 // honest agent's, however many children it spawns.
 func TestRogue43AHonestAgentsPrivilegeIsNotQueuedBehindARoguesHungHooks(t *testing.T) {
-	clk := clock.NewManual(epoch)
-	srv := testserver.Start(t, testserver.WithClock(clk), testserver.AllowPrivilegeHooks("127.0.0.1"))
-	admin := srv.AdminClients()
+	r := newHungHookRogue(t)
+	clk, srv, admin, hung, rogue := r.clk, r.srv, r.admin, r.hung, r.rogue
 	ctx := context.Background()
-	hung := newHangingHook(t)
-	answering := newRestartHook(t)
-	answering.answer.Store(http.StatusNoContent)
-
-	root := register(t, admin, "planner")
-	planner := srv.Clients(root.Credential)
-	rogue := spawn(t, planner, root.Node.NodeId, "rogue")
-	branch := spawn(t, planner, root.Node.NodeId, "branch")
-	team := spawn(t, srv.Clients(branch.Credential), branch.Node.NodeId, "team")
-	honest := spawn(t, srv.Clients(team.Credential), team.Node.NodeId, "honest")
-	if err := registerPrivilege(ctx, srv.Clients(honest.Credential), honest.Node.NodeId, "file-lock", answering.URL+"/revoke", clk.Now().Add(time.Hour)); err != nil {
+	honest := r.honestBranch(t)
+	if err := registerPrivilege(ctx, srv.Clients(honest.Credential), honest.Node.NodeId, "file-lock", r.answering.URL+"/revoke", clk.Now().Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	rogueClients := srv.Clients(rogue.Credential)
-	if err := registerPrivilege(ctx, rogueClients, rogue.Node.NodeId, "lock-own", hung.URL+"/revoke", clk.Now().Add(time.Hour)); err != nil {
+	if err := registerPrivilege(ctx, srv.Clients(rogue.Credential), rogue.Node.NodeId, "lock-own", hung.URL+"/revoke", clk.Now().Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	const hooks = privilege.DefaultHookConcurrency
-	for i := range hooks {
-		child := spawn(t, rogueClients, rogue.Node.NodeId, fmt.Sprintf("hand-%d", i))
-		if err := registerPrivilege(ctx, srv.Clients(child.Credential), child.Node.NodeId, fmt.Sprintf("lock-%d", i), hung.URL+"/revoke", clk.Now().Add(time.Hour)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	r.spawnHungHands(t, ctx)
 
-	term := terminate(t, admin, root.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 0, 0)
 	// Every slot is taken: the rogue's hooks hang in as many as there are
 	// (with the honest agent's privilege called among the first, in all
 	// but one).
-	testserver.WaitFor(t, 10*time.Second, "the revocation's slots taken", func() bool {
-		return hung.calls.Load()+answering.calls.Load() >= hooks
-	})
-	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
-	called := answering.calls.Load()
+	term, called := r.stopWithSlotsTaken(t)
 	clk.Advance(controlplaneHookTimeout + time.Second)
 	done := waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 	p, ok := privilegeOutcomes(record(t, admin, done.TerminationId))["file-lock"]

@@ -27,6 +27,39 @@ func crashCopy(t *testing.T, dataDir string) string {
 	return to
 }
 
+// crashAtSecondReassignment holds the handover pass at its second
+// reassignment (job-a reassigned, job-b not yet): there it runs step, if
+// any, and copies the data directory as a kill -9 leaves it (crashCopy).
+// It has the replacement repl report ready, waits (advancing the clock)
+// for the pass to reach that point and stops the server; a step's error
+// fails the test, reading "what: err". It restarts a server on the copy, on
+// a manual clock from where the first stopped, and returns that clock and
+// its admin clients.
+func (f *handoverFixture) crashAtSecondReassignment(t *testing.T, repl, what string, step func() error) (*clock.Manual, *testserver.Clients) {
+	t.Helper()
+	var crashed string
+	var stepErr error
+	f.hook.arm(2, func() {
+		if step != nil {
+			stepErr = step()
+		}
+		crashed = crashCopy(t, f.srv.DataDir)
+	})
+	reportReady(t, f.admin, repl)
+	testserver.WaitFor(t, 20*time.Second, "the pass to reach its second reassignment", func() bool {
+		f.clk.Advance(2 * time.Second)
+		return f.hook.reached() >= 2
+	})
+	f.srv.Stop()
+	if stepErr != nil {
+		t.Fatalf("%s: %v", what, stepErr)
+	}
+
+	c2 := clock.NewManual(f.clk.Now())
+	s2 := testserver.StartIn(t, crashed, testserver.WithClock(c2))
+	return c2, s2.AdminClients()
+}
+
 // TestRogue43CAKillBetweenAReassignmentAndItsCountLosesNoCount: a drained
 // worker holds two jobs; the rollout's handover pass reassigns the first
 // to the replacement, and the server is killed (kill -9: its data
@@ -38,22 +71,11 @@ func crashCopy(t *testing.T, dataDir string) string {
 // count of a reassignment in doubt is now read from the lease itself.
 func TestRogue43CAKillBetweenAReassignmentAndItsCountLosesNoCount(t *testing.T) {
 	f := newHandoverFixture(t, "job-a", "job-b")
-	srv, clk, hook, admin, planner, pc := f.srv, f.clk, f.hook, f.admin, f.planner, f.pc
+	srv, clk, planner, pc := f.srv, f.clk, f.planner, f.pc
 
 	r := rolloutFirstBatchDrained(t, srv, clk)
 	repl := spawnLabelled(t, pc, planner.Node.NodeId, "worker-v2", map[string]string{"version": "v2"})
-	var crashed string
-	hook.arm(2, func() { crashed = crashCopy(t, srv.DataDir) }) // job-a reassigned, job-b not yet
-	reportReady(t, admin, repl.Node.NodeId)
-	testserver.WaitFor(t, 20*time.Second, "the pass to reach its second reassignment", func() bool {
-		clk.Advance(2 * time.Second)
-		return hook.reached() >= 2
-	})
-	srv.Stop()
-
-	c2 := clock.NewManual(clk.Now())
-	s2 := testserver.StartIn(t, crashed, testserver.WithClock(c2))
-	a2 := s2.AdminClients()
+	c2, a2 := f.crashAtSecondReassignment(t, repl.Node.NodeId, "", nil)
 	testserver.WaitFor(t, 20*time.Second, "the rollout to finish after the restart", func() bool {
 		c2.Advance(2 * time.Second)
 		r = getRollout(t, a2, r.RolloutId)
@@ -77,31 +99,16 @@ func TestRogue43CAKillBetweenAReassignmentAndItsCountLosesNoCount(t *testing.T) 
 // lease id), not from its current lease.
 func TestRogue43CBKilledPassCountsAJobItsCoordinatorMovedOnSince(t *testing.T) {
 	f := newHandoverFixture(t, "job-a", "job-b")
-	srv, clk, hook, admin, planner, pc := f.srv, f.clk, f.hook, f.admin, f.planner, f.pc
+	srv, clk, admin, planner, pc := f.srv, f.clk, f.admin, f.planner, f.pc
 
 	r := rolloutFirstBatchDrained(t, srv, clk)
 	repl := spawnLabelled(t, pc, planner.Node.NodeId, "worker-v2", map[string]string{"version": "v2"})
 	other := spawnLabelled(t, pc, planner.Node.NodeId, "worker-v2b", map[string]string{"version": "v2"})
 	reportReady(t, admin, other.Node.NodeId)
-	var crashed string
-	var moveErr error
-	hook.arm(2, func() { // job-a reassigned, job-b not yet
-		_, moveErr = pc.Lease.Reassign(context.Background(), connect.NewRequest(&tetherv1.ReassignRequest{JobId: "job-a", HolderIdentity: other.Node.NodeId, Reason: "the planner's own"}))
-		crashed = crashCopy(t, srv.DataDir)
+	c2, a2 := f.crashAtSecondReassignment(t, repl.Node.NodeId, "the planner's reassignment of job-a", func() error {
+		_, err := pc.Lease.Reassign(context.Background(), connect.NewRequest(&tetherv1.ReassignRequest{JobId: "job-a", HolderIdentity: other.Node.NodeId, Reason: "the planner's own"}))
+		return err
 	})
-	reportReady(t, admin, repl.Node.NodeId)
-	testserver.WaitFor(t, 20*time.Second, "the pass to reach its second reassignment", func() bool {
-		clk.Advance(2 * time.Second)
-		return hook.reached() >= 2
-	})
-	srv.Stop()
-	if moveErr != nil {
-		t.Fatalf("the planner's reassignment of job-a: %v", moveErr)
-	}
-
-	c2 := clock.NewManual(clk.Now())
-	s2 := testserver.StartIn(t, crashed, testserver.WithClock(c2))
-	a2 := s2.AdminClients()
 	testserver.WaitFor(t, 20*time.Second, "the rollout to finish after the restart", func() bool {
 		c2.Advance(2 * time.Second)
 		r = getRollout(t, a2, r.RolloutId)

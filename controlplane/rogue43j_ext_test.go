@@ -3,13 +3,10 @@ package controlplane_test
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/tetherhq/tether/controlplane/testserver"
-	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/privilege"
 )
@@ -31,24 +28,11 @@ import (
 // control plane never made. The record now says its hook was never
 // called, and still reads "no answer" for a hook called and silent.
 func TestRogue43JRecordTellsAHookNeverCalledFromOneThatDidNotAnswer(t *testing.T) {
-	clk := clock.NewManual(epoch)
-	srv := testserver.Start(t, testserver.WithClock(clk), testserver.AllowPrivilegeHooks("127.0.0.1"))
-	admin := srv.AdminClients()
+	r := newHungHookRogue(t)
+	clk, srv, admin, hung, answering, rogue := r.clk, r.srv, r.admin, r.hung, r.answering, r.rogue
 	ctx := context.Background()
-	hung := newHangingHook(t)
-	answering := newRestartHook(t)
-	answering.answer.Store(http.StatusNoContent)
-
-	root := register(t, admin, "planner")
-	planner := srv.Clients(root.Credential)
-	rogue := spawn(t, planner, root.Node.NodeId, "rogue")
 	const hooks = privilege.DefaultHookConcurrency
-	for i := range hooks {
-		child := spawn(t, srv.Clients(rogue.Credential), rogue.Node.NodeId, fmt.Sprintf("hand-%d", i))
-		if err := registerPrivilege(ctx, srv.Clients(child.Credential), child.Node.NodeId, fmt.Sprintf("lock-%d", i), hung.URL+"/revoke", clk.Now().Add(time.Hour)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	r.spawnHungHands(t, ctx)
 	team := spawn(t, srv.Clients(rogue.Credential), rogue.Node.NodeId, "team")
 	if err := registerPrivilege(ctx, srv.Clients(team.Credential), team.Node.NodeId, "team-lock", hung.URL+"/revoke", clk.Now().Add(time.Hour)); err != nil {
 		t.Fatal(err)
@@ -58,12 +42,7 @@ func TestRogue43JRecordTellsAHookNeverCalledFromOneThatDidNotAnswer(t *testing.T
 		t.Fatal(err)
 	}
 
-	term := terminate(t, admin, root.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 0, 0)
-	testserver.WaitFor(t, 10*time.Second, "the revocation's slots taken", func() bool {
-		return hung.calls.Load()+answering.calls.Load() >= hooks
-	})
-	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
-	called := answering.calls.Load()
+	term, called := r.stopWithSlotsTaken(t)
 	if called != 0 {
 		t.Fatalf("the honest agent's hook was called %d time(s) before the deadline: the rogue's %d hung hooks did not hold every slot, the test proves nothing", called, hooks)
 	}

@@ -8,7 +8,6 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/tetherhq/tether/controlplane/testserver"
-	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -25,29 +24,14 @@ import (
 // reassignments from their leases first.
 func TestRogue43RAbortAfterACutShortPassKeepsItsCount(t *testing.T) {
 	f := newHandoverFixture(t, "job-a", "job-b")
-	srv, clk, hook, admin, planner, pc := f.srv, f.clk, f.hook, f.admin, f.planner, f.pc
+	srv, clk, admin, planner, pc := f.srv, f.clk, f.admin, f.planner, f.pc
 
 	r := rolloutFirstBatchDrained(t, srv, clk)
 	repl := spawnLabelled(t, pc, planner.Node.NodeId, "worker-v2", map[string]string{"version": "v2"})
-	var crashed string
-	var abortErr error
-	hook.arm(2, func() { // job-a reassigned, job-b not yet
-		_, abortErr = admin.Supervisor.AbortRollout(context.Background(), connect.NewRequest(&tetherv1.AbortRolloutRequest{RolloutId: r.RolloutId, Reason: "v2 is worse"}))
-		crashed = crashCopy(t, srv.DataDir)
+	c2, a2 := f.crashAtSecondReassignment(t, repl.Node.NodeId, "abort", func() error {
+		_, err := admin.Supervisor.AbortRollout(context.Background(), connect.NewRequest(&tetherv1.AbortRolloutRequest{RolloutId: r.RolloutId, Reason: "v2 is worse"}))
+		return err
 	})
-	reportReady(t, admin, repl.Node.NodeId)
-	testserver.WaitFor(t, 20*time.Second, "the pass to reach its second reassignment", func() bool {
-		clk.Advance(2 * time.Second)
-		return hook.reached() >= 2
-	})
-	srv.Stop()
-	if abortErr != nil {
-		t.Fatalf("abort: %v", abortErr)
-	}
-
-	c2 := clock.NewManual(clk.Now())
-	s2 := testserver.StartIn(t, crashed, testserver.WithClock(c2))
-	a2 := s2.AdminClients()
 	testserver.WaitFor(t, 20*time.Second, "the aborted rollout to release its batch after the restart", func() bool {
 		c2.Advance(2 * time.Second)
 		r = getRollout(t, a2, r.RolloutId)

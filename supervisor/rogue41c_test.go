@@ -48,64 +48,14 @@ func TestRogue41CAnOperatorsDecidedStopDoesNotWaitBehindTheRoguesTerminations(t 
 func rogue41cDecidedStop(t *testing.T, how string, byRule bool) {
 	const k = 50
 	s, _ := chunkTestSupervisor(t, badgerstore.BadgerOptions{}, 100)
-	clk := s.Clock.(*clock.Manual)
-	var (
-		mu      sync.Mutex
-		order   []string
-		rogues  = map[string]bool{}
-		holding bool
-		held    = make(chan struct{})
-		release = make(chan struct{})
-	)
-	s.Reconciled = func(id string) {
-		mu.Lock()
-		order = append(order, id)
-		hold := holding && rogues[id]
-		if hold {
-			holding = false
-		}
-		mu.Unlock()
-		if hold {
-			close(held)
-			<-release
-		}
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() { ran <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-ran
-	})
+	loop, ctx := runHeldLoop(t, s)
 
 	r, err := s.Tree.RegisterRoot(ctx, "rogue", nil, "operator:test")
 	if err != nil {
 		t.Fatal(err)
 	}
 	rogue := "agent:" + r.NodeID
-	var ids []string
-	for i := range k {
-		c, err := s.Tree.Spawn(ctx, r.NodeID, fmt.Sprintf("silent-%02d", i), nil, rogue, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		// Its confirm deadline is set to pass before the operator's.
-		if byRule {
-			ids = append(ids, rogue41cRuleStop(t, s, c.NodeID, fmt.Sprintf("rule-%02d", i)))
-			continue
-		}
-		term, err := s.Terminate(ctx, TerminateRequest{NodeID: c.NodeID, Mode: ModeAbort, ConfirmTimeout: DefaultConfirmTimeout / 3,
-			Reason: "rogue41c", RequestedBy: rogue, RequesterNodeID: r.NodeID})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, term.ID)
-	}
-	mu.Lock()
-	for _, id := range ids {
-		rogues[id] = true
-	}
-	mu.Unlock()
+	ids := loop.stopRogueChildren(t, ctx, s, r.NodeID, k, "rogue41c", byRule)
 
 	// The operator's stop of the rogue's other child: a stop rule's
 	// proposal, approved by the operator or by the operator's policy.
@@ -158,31 +108,11 @@ func rogue41cDecidedStop(t *testing.T, how string, byRule bool) {
 
 	// The rogue's 50 deadlines pass at once; the loop is held in the first
 	// of their passes while the operator's passes too.
-	mu.Lock()
-	holding = true
-	mu.Unlock()
 	first := DefaultConfirmTimeout / 3
 	if byRule {
 		first = DefaultConfirmTimeout
 	}
-	clk.Advance(first)
-	<-held
-	clk.Advance(DefaultConfirmTimeout * 4 / 3)
-	mu.Lock()
-	from := len(order)
-	mu.Unlock()
-	close(release)
-	rogue41cWaitPhase(t, s, stopID, PhaseTerminated)
-
-	mu.Lock()
-	before := -1
-	for i, id := range order[from:] {
-		if id == stopID {
-			before = i
-			break
-		}
-	}
-	mu.Unlock()
+	before := loop.passesBefore(t, s, first, stopID)
 	if before < 0 {
 		t.Fatal("the operator's termination was not reconciled after its deadline")
 	}
@@ -200,6 +130,117 @@ func rogue41cDecidedStop(t *testing.T, how string, byRule bool) {
 	if n.State != tree.NodeStateTerminated || n.TerminationID != stopID {
 		t.Fatalf("the worker is %s under %s, want terminated under the operator's stop %s", tree.StateName(n.State), n.TerminationID, stopID)
 	}
+}
+
+// heldLoop runs a supervisor's terminations' loop (runHeldLoop), records
+// the order of its passes, and can hold it in the first pass of one of the
+// rogue's terminations (markRogues) while the clock moves on.
+type heldLoop struct {
+	mu      sync.Mutex
+	order   []string
+	rogues  map[string]bool
+	holding bool
+	held    chan struct{}
+	release chan struct{}
+}
+
+// runHeldLoop hooks s's passes (s.Reconciled) and runs its loop until the
+// test ends, on the context it returns.
+func runHeldLoop(t *testing.T, s *Supervisor) (*heldLoop, context.Context) {
+	t.Helper()
+	l := &heldLoop{rogues: map[string]bool{}, held: make(chan struct{}), release: make(chan struct{})}
+	s.Reconciled = func(id string) {
+		l.mu.Lock()
+		l.order = append(l.order, id)
+		hold := l.holding && l.rogues[id]
+		if hold {
+			l.holding = false
+		}
+		l.mu.Unlock()
+		if hold {
+			close(l.held)
+			<-l.release
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-ran
+	})
+	return l, ctx
+}
+
+// markRogues marks the rogue's terminations, ids: the loop is held in the
+// first pass of one of them.
+func (l *heldLoop) markRogues(ids []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, id := range ids {
+		l.rogues[id] = true
+	}
+}
+
+// stopRogueChildren has the rogue (node) spawn k children, silent-00 on,
+// and stop each (an abort whose confirm deadline, DefaultConfirmTimeout/3,
+// is set to pass before the honest stop's) with reason, or, byRule, has
+// the operator's rule's policy stop each (rogue41cRuleStop); it marks
+// those terminations the rogue's (markRogues) and returns them.
+func (l *heldLoop) stopRogueChildren(t *testing.T, ctx context.Context, s *Supervisor, node string, k int, reason string, byRule bool) []string {
+	t.Helper()
+	rogue := "agent:" + node
+	var ids []string
+	for i := range k {
+		c, err := s.Tree.Spawn(ctx, node, fmt.Sprintf("silent-%02d", i), nil, rogue, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Its confirm deadline is set to pass before the operator's.
+		if byRule {
+			ids = append(ids, rogue41cRuleStop(t, s, c.NodeID, fmt.Sprintf("rule-%02d", i)))
+			continue
+		}
+		term, err := s.Terminate(ctx, TerminateRequest{NodeID: c.NodeID, Mode: ModeAbort, ConfirmTimeout: DefaultConfirmTimeout / 3,
+			Reason: reason, RequestedBy: rogue, RequesterNodeID: node})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, term.ID)
+	}
+	l.markRogues(ids)
+	return ids
+}
+
+// passesBefore advances s's manual clock by first (the rogue's deadlines
+// pass), holds the loop in the first of the rogue's passes while the clock
+// advances DefaultConfirmTimeout*4/3 more (stopID's deadline passes),
+// releases it, waits until stopID is terminated and returns how many
+// passes ran, from the release, before stopID's: -1 if none of stopID's
+// did.
+func (l *heldLoop) passesBefore(t *testing.T, s *Supervisor, first time.Duration, stopID string) int {
+	t.Helper()
+	clk := s.Clock.(*clock.Manual)
+	l.mu.Lock()
+	l.holding = true
+	l.mu.Unlock()
+	clk.Advance(first)
+	<-l.held
+	clk.Advance(DefaultConfirmTimeout * 4 / 3)
+	l.mu.Lock()
+	from := len(l.order)
+	l.mu.Unlock()
+	close(l.release)
+	rogue41cWaitPhase(t, s, stopID, PhaseTerminated)
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, id := range l.order[from:] {
+		if id == stopID {
+			return i
+		}
+	}
+	return -1
 }
 
 // rogue41cRuleStop is the stop the operator's rule's policy action starts

@@ -1,12 +1,8 @@
 package supervisor
 
 import (
-	"context"
-	"fmt"
-	"sync"
 	"testing"
 
-	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/store/badgerstore"
 )
 
@@ -26,32 +22,7 @@ import (
 func TestRogue43PAPlannersStopDoesNotWaitBehindItsRogueChildsTerminations(t *testing.T) {
 	const k = 50
 	s, _ := chunkTestSupervisor(t, badgerstore.BadgerOptions{}, 100)
-	clk := s.Clock.(*clock.Manual)
-	var (
-		mu      sync.Mutex
-		order   []string
-		rogues  = map[string]bool{}
-		holding bool
-		held    = make(chan struct{})
-		release = make(chan struct{})
-	)
-	s.Reconciled = func(id string) {
-		mu.Lock()
-		order = append(order, id)
-		hold := holding && rogues[id]
-		if hold {
-			holding = false
-		}
-		mu.Unlock()
-		if hold {
-			close(held)
-			<-release
-		}
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() { ran <- s.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-ran })
+	loop, ctx := runHeldLoop(t, s)
 	p, err := s.Tree.RegisterRoot(ctx, "planner", nil, "operator:test")
 	if err != nil {
 		t.Fatal(err)
@@ -61,23 +32,7 @@ func TestRogue43PAPlannersStopDoesNotWaitBehindItsRogueChildsTerminations(t *tes
 		t.Fatal(err)
 	}
 	rogue := "agent:" + r.NodeID
-	var ids []string
-	for i := range k {
-		c, err := s.Tree.Spawn(ctx, r.NodeID, fmt.Sprintf("silent-%02d", i), nil, rogue, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		term, err := s.Terminate(ctx, TerminateRequest{NodeID: c.NodeID, Mode: ModeAbort, ConfirmTimeout: DefaultConfirmTimeout / 3, Reason: "x", RequestedBy: rogue, RequesterNodeID: r.NodeID})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, term.ID)
-	}
-	mu.Lock()
-	for _, id := range ids {
-		rogues[id] = true
-	}
-	mu.Unlock()
+	ids := loop.stopRogueChildren(t, ctx, s, r.NodeID, k, "x", false)
 	w, err := s.Tree.Spawn(ctx, r.NodeID, "worker", nil, rogue, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -90,26 +45,7 @@ func TestRogue43PAPlannersStopDoesNotWaitBehindItsRogueChildsTerminations(t *tes
 	for _, id := range append([]string{stopID}, ids...) {
 		rogue41cWaitPhase(t, s, id, PhaseReconciling)
 	}
-	mu.Lock()
-	holding = true
-	mu.Unlock()
-	clk.Advance(DefaultConfirmTimeout / 3)
-	<-held
-	clk.Advance(DefaultConfirmTimeout * 4 / 3)
-	mu.Lock()
-	from := len(order)
-	mu.Unlock()
-	close(release)
-	rogue41cWaitPhase(t, s, stopID, PhaseTerminated)
-	mu.Lock()
-	before := -1
-	for i, id := range order[from:] {
-		if id == stopID {
-			before = i
-			break
-		}
-	}
-	mu.Unlock()
+	before := loop.passesBefore(t, s, DefaultConfirmTimeout/3, stopID)
 	if before < 0 {
 		t.Fatal("the planner's termination was not reconciled after its deadline")
 	}

@@ -20,6 +20,27 @@ after(async () => {
   await server?.stop();
 });
 
+// dialThrough dials the control plane with token over HTTP/2, each request
+// passing interceptor after the auth one (the gate's path); closeSessions
+// aborts the HTTP/2 sessions it opened.
+function dialThrough(token: string, interceptor: Interceptor): { conn: Conn; closeSessions: () => void } {
+  const managers: Http2SessionManager[] = [];
+  const conn = Conn.dial(server.baseUrl, token, {
+    retry: { attempts: 1 },
+    transport: (auth) => {
+      const sessionManager = new Http2SessionManager(server.baseUrl);
+      managers.push(sessionManager);
+      return createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2", sessionManager, interceptors: [auth, interceptor], readMaxBytes: MaxMessageBytes });
+    },
+  });
+  return {
+    conn,
+    closeSessions: () => {
+      for (const m of managers) m.abort();
+    },
+  };
+}
+
 describe("rogue43G: a tool whose cancel came before it ran does not run", () => {
   // The agent being stopped has its call begun (BeginCall recorded) just as
   // its abort is ordered: the control plane writes the cancel order of the
@@ -50,15 +71,7 @@ describe("rogue43G: a tool whose cancel came before it ran does not run", () => 
       }
       return res;
     };
-    const managers: Http2SessionManager[] = [];
-    const conn = Conn.dial(server.baseUrl, minted.token, {
-      retry: { attempts: 1 },
-      transport: (auth) => {
-        const sessionManager = new Http2SessionManager(server.baseUrl);
-        managers.push(sessionManager);
-        return createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2", sessionManager, interceptors: [auth, slowBegin], readMaxBytes: MaxMessageBytes });
-      },
-    });
+    const { conn, closeSessions } = dialThrough(minted.token, slowBegin);
     const recorded: ToolCall[] = [];
     gate = new ToolGate(conn, "gate-rogue43g", { onRecorded: (c) => recorded.push(c) });
     try {
@@ -82,7 +95,7 @@ describe("rogue43G: a tool whose cancel came before it ran does not run", () => 
     } finally {
       await gate.close();
       conn.close();
-      for (const m of managers) m.abort();
+      closeSessions();
     }
   });
 });
@@ -117,15 +130,7 @@ describe("rogue43G: a scope's tool stops on its agent's abort", () => {
       };
       return { ...res, message: messages() } as typeof res;
     };
-    const managers: Http2SessionManager[] = [];
-    const conn = Conn.dial(server.baseUrl, minted.token, {
-      retry: { attempts: 1 },
-      transport: (auth) => {
-        const sessionManager = new Http2SessionManager(server.baseUrl);
-        managers.push(sessionManager);
-        return createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2", sessionManager, interceptors: [auth, withholding], readMaxBytes: MaxMessageBytes });
-      },
-    });
+    const { conn, closeSessions } = dialThrough(minted.token, withholding);
     const recorded: ToolCall[] = [];
     const gate = new ToolGate(conn, "gate-rogue43g-deaf", { onRecorded: (c) => recorded.push(c) });
     const scope = new TetherScope(agent, gate, agent.capabilityToken(grant));
@@ -154,7 +159,7 @@ describe("rogue43G: a scope's tool stops on its agent's abort", () => {
       deaf.abort();
       await gate.close();
       conn.close();
-      for (const m of managers) m.abort();
+      closeSessions();
     }
   });
 });
