@@ -7,7 +7,7 @@ import type { Node, SessionCredential, SessionRequest, SessionResponse, SessionS
 import { SignalKind } from "./gen/tether/v1/agent_pb.js";
 import type { Grant as GrantMessage } from "./gen/tether/v1/capability_pb.js";
 import type { StopProposal } from "./gen/tether/v1/proposal_pb.js";
-import { abortWaitHooks, AsyncQueue, dateOf, durationFromMs, printedWithout, textOf } from "./internal.js";
+import { abortWaitHooks, AsyncQueue, dateOf, durationFromMs, endsRun, printedWithout, textOf } from "./internal.js";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { timestampDate } from "@bufbuild/protobuf/wkt";
 import type { SessionRequestSchema } from "./gen/tether/v1/agent_pb.js";
@@ -30,16 +30,6 @@ export interface Signal {
    * own ({@link Agent.drainDeadline} follows them). The abort may come sooner.
    */
   deadline?: Date;
-}
-
-/**
- * Whether err, a session's or a heartbeat's, is a refusal run ends on: the
- * credential is dead (unauthenticated, permission_denied) or the node's
- * exit was confirmed (failed_precondition).
- */
-function endsRun(err: unknown): boolean {
-  if (!(err instanceof ConnectError)) return false;
-  return err.code === Code.Unauthenticated || err.code === Code.PermissionDenied || err.code === Code.FailedPrecondition;
 }
 
 /**

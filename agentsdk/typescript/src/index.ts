@@ -4,7 +4,7 @@
 // LeaseWorker.
 export { Conn, DefaultRetry, DefaultTimeoutMs, MaxMessageBytes, MaxReconnectHintMs, retryHintMs, type DialOptions, type RetryOptions } from "./conn.js";
 export { Agent, CapabilityToken, MaxUnansweredHeartbeats, type CapabilityTokenOptions, type Child, type Grant, type RunOptions, type Signal } from "./agent.js";
-export { ToolGate, CapabilityHeader, MaxEarlyOrders, gateCallId, tokenOf, type CallOptions, type TokenSource, type ToolGateOptions } from "./toolgate.js";
+export { ToolGate, CancelWatchRefreshMs, CapabilityHeader, MaxEarlyOrders, gateCallId, tokenOf, type CallOptions, type TokenSource, type ToolGateOptions } from "./toolgate.js";
 export { Verifier, JwksPath, DefaultCacheSize, MaxCachedClaimBytes, MaxCachedTokensPerHolder, type Clock, type VerifierOptions } from "./verifier.js";
 export { allows, validScope, verifyToken, parseJwks, compactJWS, Audience, MaxTokenBytes, TokenError, type Claims, type TokenErrorKind } from "./capability.js";
 export { Fence, Fenced, NoAuthority, UnissuedGeneration, issuedGenerations, HeaderJobId, HeaderLeaseGeneration, MaxJobIdBytes, type Authority, type FenceOptions, type GenerationCheck } from "./fence.js";

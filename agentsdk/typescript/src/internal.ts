@@ -1,5 +1,6 @@
 // Small helpers shared by the SDK's classes. Not exported from the package.
 import { timestampDate, type Timestamp } from "@bufbuild/protobuf/wkt";
+import { Code, ConnectError } from "@connectrpc/connect";
 
 /**
  * An unbounded async queue: the request side of a bidirectional stream.
@@ -38,6 +39,17 @@ export class AsyncQueue<T> implements AsyncIterable<T> {
       this.#ended = true;
     }
   }
+}
+
+/**
+ * Whether err, a session's, a heartbeat's or a lease renewal's, is a
+ * refusal of the agent itself that its run (and a lease job) ends on: the
+ * credential is dead (unauthenticated, permission_denied) or the node's
+ * exit was confirmed (failed_precondition) (the Go SDK's endsRun).
+ */
+export function endsRun(err: unknown): boolean {
+  if (!(err instanceof ConnectError)) return false;
+  return err.code === Code.Unauthenticated || err.code === Code.PermissionDenied || err.code === Code.FailedPrecondition;
 }
 
 /** Resolves after ms, or at once (without throwing) when signal aborts. */

@@ -3,7 +3,7 @@ import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 
 import { Conn } from "./conn.js";
 import { AuditEvent, LeaseState, Outcome, TerminalResult, type Decision, type Lease } from "./gen/tether/v1/lease_pb.js";
-import { msOf, textOf } from "./internal.js";
+import { endsRun, msOf, textOf } from "./internal.js";
 
 /** Why a job's signal aborted. */
 export type JobEndKind = "cancelled" | "lost" | "ended";
@@ -21,7 +21,9 @@ export type JobEndKind = "cancelled" | "lost" | "ended";
  *   taken, and the job's own never came) — detail says which;
  * - "ended": the worker completed or stopped the job, or the control plane
  *   refused a renewal because the agent may not act (its node's exit was
- *   confirmed: failed_precondition) — detail says which.
+ *   confirmed: failed_precondition; its credential is dead:
+ *   unauthenticated, permission_denied) — detail says which, and such a
+ *   refusal (a ConnectError) is the error's cause.
  */
 export class JobEnded extends Error {
   override readonly name = "JobEnded";
@@ -29,8 +31,9 @@ export class JobEnded extends Error {
     readonly kind: JobEndKind,
     readonly jobId: string,
     readonly detail: string,
+    cause?: unknown,
   ) {
-    super(`tether: job ${jobId} ${kind}${detail ? `: ${detail}` : ""}`);
+    super(`tether: job ${jobId} ${kind}${detail ? `: ${detail}` : ""}`, cause === undefined ? undefined : { cause });
   }
 }
 
@@ -293,15 +296,23 @@ export class Job {
       this.#inflight = this.renew({ timeoutMs: every, signal: this.#halt.signal })
         .catch((err) => {
           if (this.#halt.signal.aborted) return;
-          if (err instanceof ConnectError && err.code === Code.FailedPrecondition) {
+          if (endsRun(err)) {
             // The control plane refuses the agent itself, not this lease
             // (whose refusals are decisions): its node's exit was
-            // confirmed (a launcher's attestation while it was cut off).
-            // Each renewal is kept as evidence against that exit and none
-            // will be accepted: the job is told to stop now, not when its
-            // window lapses on the worker's clock.
+            // confirmed (failed_precondition: a launcher's attestation
+            // while it was cut off), or its credential is dead
+            // (unauthenticated, permission_denied: the node was
+            // terminated), the refusals the agent's run ends on. Each
+            // renewal is kept as evidence against that exit, and none will
+            // be accepted: the job is told to stop now, not when its
+            // window lapses on the worker's clock. A worker whose path
+            // withheld its lease traffic while its node was stopped (the
+            // stop's cancel request never reached the job) worked on for
+            // the lease's whole window, up to the policy's ten minutes,
+            // after its stop's record was written (rogue44B test; the Go
+            // worker's rogue43l).
             this.#warn(`tether: lease renew of job ${lease.jobId} refused, the agent may not act; the job ends: ${err.message}`);
-            this.#end(new JobEnded("ended", lease.jobId, `the control plane refuses the agent's renewal: ${err.message}`));
+            this.#end(new JobEnded("ended", lease.jobId, `the control plane refuses the agent's renewal: ${err.message}`, err));
             return;
           }
           this.#warn(`tether: lease renew of job ${lease.jobId} failed: ${(err as Error).message}`);

@@ -26,6 +26,24 @@ export const MaxEarlyOrders = 1024;
  */
 const maxCallIdBytes = 256;
 
+/**
+ * How long a gate with calls in flight (or begins under way) keeps one
+ * WatchCancels stream before it opens another, in ms (the Go gate's
+ * CancelWatchRefresh, the Python gate's CANCEL_WATCH_REFRESH). The stream
+ * carries cancel orders only, so a silent one is what an honest control
+ * plane with nothing to cancel sends too: a hostile element on the gate's
+ * path (a proxy that stalls the stream, a peer) that relayed its opening
+ * and then nothing had the gate deaf to every cancel order for good, its
+ * tools running on past their cancel and the agent's abort recording them
+ * unacknowledged, even once the path was honest again (rogue44B test). The
+ * control plane sends every pending order again on a new stream, so a
+ * stalled stream costs a gate at most this long; a gate with nothing in
+ * flight keeps its stream (an order is only ever for a call it began, and
+ * a begin makes it busy). A gate's {@link ToolGateOptions.cancelWatchRefreshMs}
+ * is what it uses.
+ */
+export const CancelWatchRefreshMs = 15_000;
+
 const gateCall = new AsyncLocalStorage<{ callId: string; nodeId: string }>();
 
 /**
@@ -82,6 +100,11 @@ export interface ToolGateOptions {
    * logs and tests.
    */
   onRecorded?: (call: ToolCall) => void;
+  /**
+   * How long a busy gate keeps one WatchCancels stream, in ms; default
+   * {@link CancelWatchRefreshMs} (a test sets it shorter).
+   */
+  cancelWatchRefreshMs?: number;
 }
 
 /**
@@ -108,6 +131,7 @@ export class ToolGate {
   readonly conn: Conn;
   readonly #neverAck: boolean;
   readonly #onRecorded?: (call: ToolCall) => void;
+  readonly #refreshMs: number;
   #inflight = new Map<string, AbortController>();
   // Cancel orders that arrived before their call was registered here, each
   // with how many begins had started by then: an order can only be for a
@@ -134,6 +158,7 @@ export class ToolGate {
     this.id = id;
     this.#neverAck = options.neverAck ?? false;
     this.#onRecorded = options.onRecorded;
+    this.#refreshMs = options.cancelWatchRefreshMs ?? CancelWatchRefreshMs;
     this.#ready = new Promise((resolve) => (this.#markReady = resolve));
     this.#watching = this.#watch();
   }
@@ -157,15 +182,30 @@ export class ToolGate {
   async #watch(): Promise<void> {
     const signal = this.#closed.signal;
     while (!signal.aborted) {
+      // The stream is given up (and another opened at once) once it has
+      // lasted a refresh interval at a moment the gate is busy: a path
+      // that holds it silent deafens the gate that long at most.
+      const stream = new AbortController();
+      let refreshed = false;
+      const ticker = setInterval(() => {
+        if (this.#inflight.size === 0 && this.#beginning.size === 0) return;
+        refreshed = true;
+        clearInterval(ticker);
+        stream.abort();
+      }, this.#refreshMs);
+      ticker.unref?.();
       try {
-        const stream = this.conn.tool.watchCancels(
+        const orders = this.conn.tool.watchCancels(
           { gateId: this.id },
-          { signal, onHeader: () => this.#markReady() },
+          { signal: AbortSignal.any([signal, stream.signal]), onHeader: () => this.#markReady() },
         );
-        for await (const order of stream) this.#cancel(order.callId);
+        for await (const order of orders) this.#cancel(order.callId);
       } catch {
         // reconnect below; a closed gate leaves the loop
+      } finally {
+        clearInterval(ticker);
       }
+      if (refreshed && !signal.aborted) continue; // opened anew at once: the control plane sends every pending order again
       await sleep(200, signal);
     }
     this.#markReady();
