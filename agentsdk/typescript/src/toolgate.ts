@@ -102,7 +102,8 @@ export interface ToolGateOptions {
   onRecorded?: (call: ToolCall) => void;
   /**
    * How long a busy gate keeps one WatchCancels stream, in ms; default
-   * {@link CancelWatchRefreshMs} (a test sets it shorter).
+   * {@link CancelWatchRefreshMs} (a test sets it shorter; one that is not a
+   * positive number is the default).
    */
   cancelWatchRefreshMs?: number;
 }
@@ -158,7 +159,11 @@ export class ToolGate {
     this.id = id;
     this.#neverAck = options.neverAck ?? false;
     this.#onRecorded = options.onRecorded;
-    this.#refreshMs = options.cancelWatchRefreshMs ?? CancelWatchRefreshMs;
+    // A timer waits 2^31 - 1 ms at most (one asked for longer fires after
+    // 1 ms, the stream reopened in a loop); one not a positive count is
+    // the default.
+    const refresh = options.cancelWatchRefreshMs ?? CancelWatchRefreshMs;
+    this.#refreshMs = Number.isFinite(refresh) && refresh > 0 ? Math.min(refresh, 2 ** 31 - 1) : CancelWatchRefreshMs;
     this.#ready = new Promise((resolve) => (this.#markReady = resolve));
     this.#watching = this.#watch();
   }
