@@ -28,7 +28,9 @@ from typing import Callable
 from conftest import NO_RETRY
 from helpers import LoopbackPeer, QuietHandler
 from tether_agentsdk import Conn, LeaseWorker
-from tether_agentsdk.leaseworker import LEASE_LOST
+import pytest
+
+from tether_agentsdk.leaseworker import LEASE_CANCELLED, LEASE_LOST
 
 FORGED = "lease-44a-forged"
 
@@ -120,6 +122,15 @@ def other_jobs(method: str) -> Swap:
     return swap
 
 
+def forged_duration(method: str, duration: str) -> Swap:
+    """The path answers the own job's ``method`` with its real answer, another lease duration in it."""
+    def swap(m: str, real: dict, other: dict | None) -> dict | None:
+        if m != method or not isinstance(real.get("lease"), dict):
+            return None
+        return {**real, "lease": {**real["lease"], "leaseDuration": duration}}
+    return swap
+
+
 def forged_lease(method: str) -> Swap:
     """The path answers the own job's ``method`` with its real answer, another lease id in it."""
     def swap(m: str, real: dict, other: dict | None) -> dict | None:
@@ -135,7 +146,8 @@ class World:
     thread waits an hour: the test's renewals are its own), the other
     ACKed by hand."""
 
-    def __init__(self, server, tree, tmp_path, name: str, *, ack_swap: Swap | None = None):
+    def __init__(self, server, tree, tmp_path, name: str, *, ack_swap: Swap | None = None,
+                 lease_duration: str = "600s", renew_every: float | None = 3600):
         self.tree = tree
         child = tree.root.spawn("rogue44a-" + name)
         self.own_id = f"job-44a-{name}-own-{child.node_id}"
@@ -145,7 +157,7 @@ class World:
 
         def offer(job_id: str) -> dict:
             return tree.operator.call("LeaseService", "Offer", {
-                "jobId": job_id, "holderIdentity": child.node_id, "leaseDuration": "600s"})["lease"]
+                "jobId": job_id, "holderIdentity": child.node_id, "leaseDuration": lease_duration})["lease"]
 
         self.own, self.other = offer(self.own_id), offer(self.other_id)
         assert self.own["leaseGeneration"] == self.other["leaseGeneration"], "generations differ: the test proves nothing"
@@ -153,7 +165,7 @@ class World:
             "jobId": self.other_id, "leaseId": self.other["leaseId"], "leaseGeneration": self.other["leaseGeneration"],
             "sentAt": now()})
         self.on_cancels = 0
-        self.worker = LeaseWorker(self.conn, str(tmp_path), renew_every=3600)
+        self.worker = LeaseWorker(self.conn, str(tmp_path), renew_every=renew_every)
         self.path.set_swap(ack_swap)
 
         def on_cancel(_lease: dict) -> None:
@@ -285,5 +297,33 @@ def test_rogue44a_lease_worker_keeps_its_lease_on_another_leases_complete(server
         lease = w.job.lease
         assert lease.get("jobId") == w.own_id and lease.get("leaseId") == w.own["leaseId"], \
             f"the job keeps job {lease.get('jobId')!r} lease {lease.get('leaseId')!r} as its own"
+    finally:
+        w.close()
+
+
+@pytest.mark.parametrize("duration", ["86400s", "315576000000s"], ids=["a-day", "the-largest"])
+def test_rogue44a_a_forged_lease_duration_does_not_deafen_the_job(server, tree, tmp_path, duration):
+    """The answer to the job's ACK with a longer lease duration in it than
+    the one the coordinator fixed for the generation (the offer's): the
+    worker renewed every third of it (a day's: every 8 hours; the largest
+    a duration holds: its renew thread died at once, the wait too long for
+    the platform) and took it for the job's window, so the job, its path
+    honest from then on, never renewed again within its lease, never heard
+    its cancel request, and worked on past the lease's expiry at the
+    coordinator for as long. The job's lease duration is now the offer's;
+    an answer's longer one is not taken."""
+    w = World(server, tree, tmp_path, "duration-" + duration.rstrip("s")[-4:], ack_swap=forged_duration("Ack", duration),
+              lease_duration="6s", renew_every=None)
+    try:
+        tree.operator.call("LeaseService", "RequestCancel", {"jobId": w.own_id, "reason": "rogue44a"})
+        # A guard against the deaf job (ten of its renew intervals), not a
+        # timing. The renew thread ends once it acted on the answer (its
+        # on_cancel run, the request acknowledged).
+        heard = w.job.stopped.wait(20) and w.job.done.wait(20)
+        renewals, acks = w.path.counts()
+        assert heard, f"the job never heard its cancel request: {renewals} renewal(s) sent in 20 s of a 6 s lease, " \
+                      f"its renew thread {'dead' if w.job.done.is_set() else 'waiting'}"
+        assert w.job.cause == LEASE_CANCELLED, f"the job stopped with {w.job.cause} ({w.job.detail}), want {LEASE_CANCELLED}"
+        assert (w.on_cancels, acks) == (1, 1), f"on_cancel ran {w.on_cancels} time(s), the cancel acknowledged {acks} time(s); want 1 and 1"
     finally:
         w.close()

@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from . import _wire
@@ -385,6 +385,17 @@ class Job:
         self._job_id = acked["jobId"]
         self._lease_id = acked["leaseId"]
         self._generation = _wire.uint64(acked.get("leaseGeneration"))
+        # The generation's lease duration, as offered: the coordinator fixes
+        # it for the generation (no renewal changes it), so an answer naming
+        # a longer one is not taken for the job's window nor its renew
+        # interval. Taken from the answers, a path's forged ACK answer (a
+        # day's duration, or the largest one a duration holds) had the job
+        # renew every third of it, never again within its lease (the
+        # largest: its renew thread died, the wait too long for the
+        # platform), deaf to its cancel and working on past its lease's
+        # expiry at the coordinator for as long (rogue44a test). None: the
+        # offer named none (the answers' is taken).
+        self._duration = _wire.parse_duration(acked.get("leaseDuration")) if offered is not None else None
         self.on_cancel = on_cancel
         #: Set when the job must stop; ``cause`` says why.
         self.stopped = threading.Event()
@@ -434,10 +445,18 @@ class Job:
     def _claim(self) -> dict:
         return {"jobId": self._job_id, "leaseId": self._lease_id, "leaseGeneration": str(self._generation), "sentAt": _now()}
 
+    def _lease_duration(self, lease: dict) -> timedelta | None:
+        """The lease duration an answer's lease names, never longer than
+        the one offered (when the offer named one); None when it names none."""
+        dur = _wire.parse_duration(lease.get("leaseDuration"))
+        if dur is not None and self._duration is not None and dur > self._duration:
+            return self._duration
+        return dur
+
     def _start(self) -> None:
         every = self.worker.renew_every
         if not every:
-            dur = _wire.parse_duration(self.lease.get("leaseDuration"))
+            dur = self._lease_duration(self.lease) or self._duration
             every = max(dur.total_seconds() / 3 if dur else 10.0, 0.01)
         self._every = every
         self._thread = threading.Thread(target=self._renew_loop, name=f"tether-lease-{self.job_id}", daemon=True)
@@ -464,7 +483,7 @@ class Job:
                 _wire.uint64(lease.get("leaseGeneration")) != self._generation or lease.get("state") != "LEASE_STATE_ACTIVE" or \
                 _names_another(lease, self._job_id, self._lease_id) is not None:
             return
-        dur = _wire.parse_duration(lease.get("leaseDuration"))
+        dur = self._lease_duration(lease)
         if not dur:
             return
         until = sent + dur.total_seconds()
