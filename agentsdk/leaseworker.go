@@ -427,6 +427,15 @@ type Job struct {
 	// shows: a Job that lost its lease must never pass for its successor.
 	jobID, leaseID string
 	generation     uint64
+	// duration is the generation's lease duration as offered (0: the
+	// offer named none): the coordinator fixes it for the generation (no
+	// renewal changes it), so an answer naming a longer one is not taken
+	// for the job's window nor its renew interval. Taken from the answers,
+	// a path's one forged ACK answer naming a day had the job renew every
+	// 8 hours, never again within its lease, deaf to its cancel request
+	// and working on past its lease's expiry at the coordinator (rogue44a
+	// test).
+	duration time.Duration
 
 	mu          sync.Mutex
 	lease       *tetherv1.Lease
@@ -483,7 +492,8 @@ func (w *LeaseWorker) Accept(ctx context.Context, offered *tetherv1.Lease, opts 
 	halted, halt := context.WithCancel(context.Background())
 	j := &Job{w: w, opts: opts, ctx: jctx, cancel: cancel, stop: make(chan struct{}), done: make(chan struct{}), lease: l,
 		halted: halted, halt: halt,
-		jobID: offered.GetJobId(), leaseID: offered.GetLeaseId(), generation: offered.GetLeaseGeneration()}
+		jobID: offered.GetJobId(), leaseID: offered.GetLeaseId(), generation: offered.GetLeaseGeneration(),
+		duration: max(offered.GetLeaseDuration().AsDuration(), 0)}
 	if l != nil && namesAnother(l, j.jobID, j.leaseID) != "" {
 		// Not this job's answer (observe ends the job): its lease is the
 		// one offered, not the one the answer names.
@@ -556,7 +566,7 @@ func (j *Job) held(sentAt time.Time, l *tetherv1.Lease, d *tetherv1.Decision) {
 	default:
 		return
 	}
-	until := sentAt.Add(l.GetLeaseDuration().AsDuration())
+	until := sentAt.Add(j.leaseDuration(l))
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if !until.After(j.heldUntil) {
@@ -570,6 +580,16 @@ func (j *Job) held(sentAt time.Time, l *tetherv1.Lease, d *tetherv1.Decision) {
 			j.heldTimer.Reset(time.Until(until))
 		}
 	}
+}
+
+// leaseDuration is the lease duration l names, never longer than the one
+// offered (when the offer named one).
+func (j *Job) leaseDuration(l *tetherv1.Lease) time.Duration {
+	d := l.GetLeaseDuration().AsDuration()
+	if j.duration > 0 && d > j.duration {
+		return j.duration
+	}
+	return d
 }
 
 // checkHeld ends the job (ErrLeaseUnconfirmed) once the worker's clock
@@ -639,7 +659,11 @@ func (j *Job) renewLoop() {
 	defer j.w.untrack(j)
 	every := j.w.cfg.RenewEvery
 	if every <= 0 {
-		every = max(j.Lease().GetLeaseDuration().AsDuration()/3, 10*time.Millisecond)
+		d := j.leaseDuration(j.Lease())
+		if d <= 0 {
+			d = j.duration
+		}
+		every = max(d/3, 10*time.Millisecond)
 	}
 	ticker := time.NewTicker(every)
 	defer ticker.Stop()

@@ -225,7 +225,10 @@ export class LeaseWorker {
     // Closed while the ACK was under way: the job never begins, and its
     // lease runs out on the coordinator's clock.
     if (this.#closed) throw new WorkerClosed();
-    const every = this.#renewEvery ?? Math.max(msOf(resp.lease.leaseDuration) / 3, 10);
+    // The generation's lease duration is the offer's (the coordinator fixes
+    // it; no renewal changes it): an answer naming a longer one sets
+    // neither the renew interval nor the job's window (leaseMs).
+    const every = this.#renewEvery ?? Math.max((leaseMs(resp.lease, offered) || msOf(offered.leaseDuration)) / 3, 10);
     return Job.accepted(this, offered, resp.lease, resp.decision, sent, options, every, this.#warn);
   }
 }
@@ -240,6 +243,8 @@ export class Job {
   readonly #jobId: string;
   readonly #leaseId: string;
   readonly #generation: bigint;
+  // The lease as offered: its duration bounds the one an answer names.
+  readonly #offered: Lease;
   readonly #abort = new AbortController();
   readonly #warn: (message: string) => void;
   #lease: Lease;
@@ -273,6 +278,7 @@ export class Job {
     this.#jobId = offered.jobId;
     this.#leaseId = offered.leaseId;
     this.#generation = offered.leaseGeneration;
+    this.#offered = offered;
     if (lease.leaseGeneration === offered.leaseGeneration && !namesAnother(lease, offered.jobId, offered.leaseId)) {
       // A job this agent already held (its ACK a DUPLICATE: a process that
       // restarted after it renewed and reported progress) goes on from the
@@ -379,7 +385,7 @@ export class Job {
     if (!lease || decision?.outcome !== Outcome.ACCEPTED || lease.leaseGeneration !== this.#generation || lease.state !== LeaseState.ACTIVE) return;
     if (namesAnother(lease, this.#jobId, this.#leaseId)) return;
     if (decision.auditEvent !== AuditEvent.ACKED && decision.auditEvent !== AuditEvent.RENEWED) return;
-    const until = sent + msOf(lease.leaseDuration);
+    const until = sent + leaseMs(lease, this.#offered);
     if (this.#heldUntil !== undefined && until <= this.#heldUntil) return;
     this.#heldUntil = until;
     if (this.#worker.heldTimers) this.#armHeld();
@@ -573,6 +579,21 @@ function namesAnother(lease: Lease, jobId: string, leaseId: string): string {
 /** s quoted, at most 64 of its characters. */
 function clipped(s: string): string {
   return JSON.stringify(s.length > 64 ? `${s.slice(0, 64)}…` : s);
+}
+
+/**
+ * The lease duration an answer's lease names, in milliseconds, never longer
+ * than the offered lease's (when the offer names one). Taken from the
+ * answers, a path's one forged ACK answer naming a day had the job renew
+ * every 8 hours (the longest, every 24.8 days: a timer's longest wait),
+ * deaf to its cancel request and working on past its lease's expiry at the
+ * coordinator (rogue44A.test.ts).
+ */
+function leaseMs(lease: Lease, offered: Lease): number {
+  const answered = msOf(lease.leaseDuration);
+  const fixed = msOf(offered.leaseDuration);
+  if (fixed > 0 && answered > fixed) return fixed;
+  return answered;
 }
 
 /** Why a coordinator answer says this generation has no authority, or "" when it still has. */

@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from . import _wire
@@ -27,7 +27,11 @@ LEASE_CANCELLED = "cancelled"  # the coordinator requested cancellation
 # The generation no longer has authority (expired, superseded, terminal), or
 # no renewal the coordinator accepted covers the worker's clock any more
 # (the last accepted ACK's or renewal's send time plus the lease duration
-# passed: a partition; Job.unconfirmed is then set).
+# passed: a partition; Job.unconfirmed is then set), or an answer named
+# another job, or another lease of this one (not this job's answer: nothing
+# in it is taken, and the job's own never came; Job.detail names the ids,
+# clipped), as the Go worker's ErrLeaseLost and the TypeScript worker's
+# "lost" say.
 LEASE_LOST = "lost"
 JOB_ENDED = "ended"  # the worker completed or stopped the job
 # The coordinator recorded an ownership conflict on the generation (a second
@@ -321,6 +325,10 @@ class LeaseWorker:
         not act — its node's exit was confirmed, or its credential is dead
         (failed_precondition, unauthenticated, permission_denied) —, kept
         in ``refusal``).
+        An answer (to the ACK, a renewal or a progress report) whose lease
+        names another job, or another lease of this one, is not this job's
+        answer: nothing in it is taken, and the job stops (LEASE_LOST, its
+        ``detail`` naming the ids the answer carried, clipped).
         A closed worker raises WorkerClosed without acknowledging anything."""
         if self._closed:
             raise WorkerClosed()
@@ -332,7 +340,9 @@ class LeaseWorker:
         decision = resp.get("decision", {})
         if decision.get("outcome") == "OUTCOME_REJECTED":
             raise AckRefused(offered["jobId"], decision)
-        job = Job(self, resp["lease"], on_cancel, offered=offered)
+        lease = resp["lease"]
+        job = Job(self, lease if _names_another(lease, offered["jobId"], offered["leaseId"]) is None else offered,
+                  on_cancel, offered=offered)
         if not self._track(job):
             # Closed while the ACK was under way: the job never begins, and
             # its lease runs out on the coordinator's clock.
@@ -341,8 +351,8 @@ class LeaseWorker:
         # The ACK's answer is acted on as any other: a job this agent
         # already held (its ACK a DUPLICATE, after a restart) may already
         # have a cancel request, and its work must not begin as if not.
-        job._held(sent, resp["lease"], decision)
-        job._observe(resp["lease"], job.generation, decision)
+        job._held(sent, lease, decision)
+        job._observe(lease, job.generation, decision)
         if decision.get("outcome") == "OUTCOME_DUPLICATE" and not job.stopped.is_set():
             # A repeated ACK grants no window (the coordinator counted the
             # generation's from the first ACK or the last renewal): the
@@ -375,6 +385,17 @@ class Job:
         self._job_id = acked["jobId"]
         self._lease_id = acked["leaseId"]
         self._generation = _wire.uint64(acked.get("leaseGeneration"))
+        # The generation's lease duration, as offered: the coordinator fixes
+        # it for the generation (no renewal changes it), so an answer naming
+        # a longer one is not taken for the job's window nor its renew
+        # interval. Taken from the answers, a path's forged ACK answer (a
+        # day's duration, or the largest one a duration holds) had the job
+        # renew every third of it, never again within its lease (the
+        # largest: its renew thread died, the wait too long for the
+        # platform), deaf to its cancel and working on past its lease's
+        # expiry at the coordinator for as long (rogue44a test). None: the
+        # offer named none (the answers' is taken).
+        self._duration = _wire.parse_duration(acked.get("leaseDuration")) if offered is not None else None
         self.on_cancel = on_cancel
         #: Set when the job must stop; ``cause`` says why.
         self.stopped = threading.Event()
@@ -404,6 +425,9 @@ class Job:
         #: The control plane's refusal of the agent itself (its node's exit
         #: was confirmed) that ended the job (cause JOB_ENDED); else None.
         self.refusal: ConnectError | None = None
+        #: Why the job stopped, in words, when an answer named another job
+        #: or another lease of this one (cause LEASE_LOST); else None.
+        self.detail: str | None = None
 
     @property
     def job_id(self) -> str:
@@ -421,19 +445,28 @@ class Job:
     def _claim(self) -> dict:
         return {"jobId": self._job_id, "leaseId": self._lease_id, "leaseGeneration": str(self._generation), "sentAt": _now()}
 
+    def _lease_duration(self, lease: dict) -> timedelta | None:
+        """The lease duration an answer's lease names, never longer than
+        the one offered (when the offer named one); None when it names none."""
+        dur = _wire.parse_duration(lease.get("leaseDuration"))
+        if dur is not None and self._duration is not None and dur > self._duration:
+            return self._duration
+        return dur
+
     def _start(self) -> None:
         every = self.worker.renew_every
         if not every:
-            dur = _wire.parse_duration(self.lease.get("leaseDuration"))
+            dur = self._lease_duration(self.lease) or self._duration
             every = max(dur.total_seconds() / 3 if dur else 10.0, 0.01)
         self._every = every
         self._thread = threading.Thread(target=self._renew_loop, name=f"tether-lease-{self.job_id}", daemon=True)
         self._thread.start()
 
-    def _end(self, cause: str) -> None:
+    def _end(self, cause: str, detail: str | None = None) -> None:
         with self._lock:
             if self.cause is None:
                 self.cause = cause
+                self.detail = detail
             if self._held_timer is not None:
                 self._held_timer.cancel()
         self.stopped.set()
@@ -447,9 +480,10 @@ class Job:
         decision = decision or {}
         if not lease or decision.get("outcome") != "OUTCOME_ACCEPTED" or \
                 decision.get("auditEvent") not in ("AUDIT_EVENT_ACKED", "AUDIT_EVENT_RENEWED") or \
-                _wire.uint64(lease.get("leaseGeneration")) != self._generation or lease.get("state") != "LEASE_STATE_ACTIVE":
+                _wire.uint64(lease.get("leaseGeneration")) != self._generation or lease.get("state") != "LEASE_STATE_ACTIVE" or \
+                _names_another(lease, self._job_id, self._lease_id) is not None:
             return
-        dur = _wire.parse_duration(lease.get("leaseDuration"))
+        dur = self._lease_duration(lease)
         if not dur:
             return
         until = sent + dur.total_seconds()
@@ -544,6 +578,19 @@ class Job:
     def _observe(self, lease: dict | None, generation: int, decision: dict | None = None) -> None:
         if not lease:
             return
+        another = _names_another(lease, self._job_id, self._lease_id)
+        if another is not None:
+            # Not this job's answer (a path that replays, caches or crosses
+            # answers): generations count per job (every job's first is 1),
+            # so another job's of the same generation passed for this one's,
+            # its accepted renewal moving the job's bound and its cancel
+            # request run (on_cancel) and acknowledged as the job's own.
+            # Nothing in it is taken (not its lease, its cancel, its
+            # conflict, its window), and the job, whose own answer never
+            # came, stops.
+            log.warning("tether: a lease answer of job %s names another job or lease; the job stops: %s", self.job_id, another)
+            self._end(LEASE_LOST, another)
+            return
         if lease.get("ownershipConflict") and _wire.uint64(lease.get("leaseGeneration")) == generation or \
                 (decision or {}).get("auditEvent") == "AUDIT_EVENT_OWNERSHIP_CONFLICT":
             # Another identity claims this generation: whatever else the
@@ -594,8 +641,34 @@ class Job:
         the job. May raise Spooled, like progress."""
         try:
             resp = self.worker._deliver("complete", {**self._claim(), "result": result, "detail": detail})
-            if resp.get("lease"):
-                self.lease = resp["lease"]
+            lease = resp.get("lease")
+            if lease and _names_another(lease, self._job_id, self._lease_id) is None:
+                self.lease = lease
             return resp.get("decision", {})
         finally:
             self._end(JOB_ENDED)
+
+
+def _names_another(lease: Any, job_id: str, lease_id: str) -> str | None:
+    """Why an answer's lease is not the job's own (it names another job, or
+    another lease of the job), or None when it is. The ids are quoted
+    clipped: the answer's are the path's to choose, and the reason is kept
+    (the job's ``detail``) and logged. The Go and TypeScript workers'
+    namesAnother."""
+    if not isinstance(lease, dict):
+        return None  # no ids: an answer of the wrong shape, judged as such
+    if lease.get("jobId") == job_id and lease.get("leaseId") == lease_id:
+        return None
+    what = "job " + _clipped(lease.get("jobId"))
+    if lease.get("jobId") == job_id:
+        what = "lease " + _clipped(lease.get("leaseId"))
+    return f"the answer names {what}, not the job's lease {_clipped(lease_id)}: it is not this job's answer, and its own never came"
+
+
+def _clipped(value: Any) -> str:
+    """value quoted, at most 64 of its characters (a value that is not
+    text, as its JSON)."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if len(text) > 64:
+        return json.dumps(text[:64]) + "\u2026"
+    return json.dumps(text)
