@@ -2,16 +2,20 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/privilege"
 )
 
 // rogue44dWorld is a real control plane on a manual clock with an
@@ -180,4 +184,113 @@ func TestRogue44DRecordShowSaysACallRanOnAfterItsCancel(t *testing.T) {
 	if cells := strings.Fields(row); len(cells) != 9 || cells[7] != "1" {
 		t.Errorf("tether record ls's row of the stop: %q, want 1 call that ran on after its cancel", row)
 	}
+}
+
+// rogue44dHostile is a rogue's text that acts on a terminal without an
+// ESC byte of its own: the C1 controls as UTF-8 (CSI U+009B moves the
+// cursor up a line and erases it, OSC U+009D sets the window's title,
+// ended by ST U+009C), which VTE's terminals (GNOME Terminal and its
+// kin), GNU screen and Mosh act on; a right-to-left override; a line
+// separator; a DEL; a zero-width space; a tag character (past U+FFFF: a
+// JSON escape of it is a surrogate pair).
+const rogue44dHostile = "fine\u009b1A\u009b2K\u009d0;owned\u009c\u202eenil\u2028  confirmed    worker\x7f\u200b\U000e0041"
+
+// terminalActing is the first rune of out that a terminal may act on or
+// that hides what follows (a C1 control, DEL, a bidirectional control, a
+// line or paragraph separator, a zero-width or tag character), or -1.
+func terminalActing(out string) int {
+	return strings.IndexFunc(out, func(r rune) bool {
+		return r == 0x7f || r >= 0x80 && r <= 0x9f || r >= 0x202a && r <= 0x202e || r >= 0x2066 && r <= 0x2069 || r == 0x2028 || r == 0x2029 || r == 0x200b || r == 0xe0041
+	})
+}
+
+// TestRogue44DJSONOutputCarriesNoTerminalControl: `-o json` is what the
+// CLI offers for the whole of what it summarises (`tether record show`:
+// "-o json for the full record"), read in the same terminal. The JSON
+// encoder escapes the C0 controls (\u001b) but writes every other
+// character as it is, so a rogue's text with the C1 controls written as
+// UTF-8 (CSI U+009B, OSC U+009D), a right-to-left override or a line
+// separator reached the operator's terminal as the rogue wrote it, in
+// `record show -o json`, `proposal ls -o json`, `lease show -o json` and
+// `lease evidence -o json`: on a VTE terminal "\u009b1A\u009b2K" moves the
+// cursor up and erases the line above, where the table printed it
+// escaped. Each is now written as a JSON escape (\u009b, \u202e), which
+// reads back as the same string.
+func TestRogue44DJSONOutputCarriesNoTerminalControl(t *testing.T) {
+	srv := testserver.Start(t, func(cfg *controlplane.Config) {
+		cfg.PrivilegeHandlers = map[string]privilege.PrivilegeRevoker{"db-role": revokeNothing{}}
+	})
+	ctx := context.Background()
+	w := startRogueWorld(t, srv)
+	if _, err := w.rogue.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{Condition: "calls>=1000", Reason: rogue44dHostile})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.rogue.Supervisor.RegisterPrivilege(ctx, connect.NewRequest(&tetherv1.RegisterPrivilegeRequest{
+		NodeId: w.child.Node.NodeId, Kind: "db-role", ExternalId: rogue44dHostile, ExpiresAt: timestamppb.New(time.Now().Add(time.Hour)),
+	})); err != nil {
+		t.Fatal(err)
+	}
+	offered, err := w.admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job-1", HolderIdentity: w.child.Node.NodeId}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := offered.Msg.Lease
+	if _, err := w.rogue.Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.rogue.Lease.Progress(ctx, connect.NewRequest(&tetherv1.ProgressRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration, ProgressSequence: 1, ProgressValue: rogue44dHostile})); err != nil {
+		t.Fatal(err)
+	}
+	term, err := w.admin.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: w.child.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
+		CancelAckTimeout: durationpb.New(0), ConfirmTimeout: durationpb.New(0),
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testserver.WaitFor(t, time.Minute, "the termination's record", func() bool {
+		_, err := w.admin.Supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{TerminationId: term.Msg.Termination.TerminationId}))
+		return err == nil
+	})
+	for _, args := range [][]string{
+		{"proposal", "ls", "-o", "json"},
+		{"record", "show", term.Msg.Termination.TerminationId, "-o", "json"},
+		{"lease", "show", "job-1", "-o", "json"},
+		{"lease", "evidence", "job-1", "-o", "json"},
+	} {
+		out := mustCLI(t, srv.URL, srv.Admin, args...)
+		if i := terminalActing(out); i >= 0 {
+			t.Errorf("tether %s writes the rogue's %q to the terminal as it is:\n%q", strings.Join(args, " "), []rune(out[i:])[0], out)
+			continue
+		}
+		var v any
+		if err := json.Unmarshal([]byte(out), &v); err != nil {
+			t.Errorf("tether %s: not JSON: %v\n%s", strings.Join(args, " "), err, out)
+			continue
+		}
+		if !holdsString(v, rogue44dHostile) {
+			t.Errorf("tether %s: the JSON does not read back as the rogue's text:\n%s", strings.Join(args, " "), out)
+		}
+	}
+}
+
+// holdsString reports whether the decoded JSON v holds the string s.
+func holdsString(v any, s string) bool {
+	switch v := v.(type) {
+	case string:
+		return v == s
+	case []any:
+		for _, x := range v {
+			if holdsString(x, s) {
+				return true
+			}
+		}
+	case map[string]any:
+		for _, x := range v {
+			if holdsString(x, s) {
+				return true
+			}
+		}
+	}
+	return false
 }
