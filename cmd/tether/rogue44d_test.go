@@ -294,3 +294,48 @@ func holdsString(v any, s string) bool {
 	}
 	return false
 }
+
+// TestRogue44DEvidenceCSVCarriesNoTerminalControl: `tether lease evidence
+// JOB -o csv` writes the evidence matrix to the operator's terminal unless
+// redirected (the README's tour prints it there), and its cells hold the
+// holder's own text: a progress value. The CSV writer quotes a cell with a
+// line break and writes every other byte as it is, so a rogue holder's
+// progress value "\x1b[1A\x1b[2K\r…" moved the cursor up, erased the row
+// above and wrote its own in its place, and a line break inside the quoted
+// cell drew a row of the rogue's making. Each cell is now printed as the
+// table prints it (\x1b, \r, \n written out); a cell that would start a
+// spreadsheet formula still starts with an apostrophe.
+func TestRogue44DEvidenceCSVCarriesNoTerminalControl(t *testing.T) {
+	srv := testserver.Start(t)
+	ctx := context.Background()
+	w := startRogueWorld(t, srv)
+	offered, err := w.admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job-1", HolderIdentity: w.child.Node.NodeId}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := offered.Msg.Lease
+	if _, err := w.rogue.Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration})); err != nil {
+		t.Fatal(err)
+	}
+	const forged = "job-1,l_forged,1,someone-else,…,CANCELLED,ACCEPTED RESOLVED"
+	hostile := "40%\x1b[1A\x1b[2K\r" + forged + "\n" + forged + "\u009b2K"
+	if _, err := w.rogue.Lease.Progress(ctx, connect.NewRequest(&tetherv1.ProgressRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration, ProgressSequence: 1, ProgressValue: hostile})); err != nil {
+		t.Fatal(err)
+	}
+	out := mustCLI(t, srv.URL, srv.Admin, "lease", "evidence", "job-1", "-o", "csv")
+	if i := strings.IndexFunc(out, func(r rune) bool { return r != '\n' && (r < 0x20 || r == 0x7f || r >= 0x80 && r <= 0x9f) }); i >= 0 {
+		t.Fatalf("tether lease evidence -o csv writes the rogue's %q to the terminal as it is:\n%q", []rune(out[i:])[0], out)
+	}
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(lines) != 4 { // the header and the offer's, the ack's and the progress's rows
+		t.Errorf("tether lease evidence -o csv prints %d lines, want the header and 3 rows:\n%s", len(lines), out)
+	}
+	for _, line := range lines {
+		if strings.HasPrefix(line, forged) {
+			t.Errorf("tether lease evidence -o csv prints the rogue's forged row:\n%s", out)
+		}
+	}
+	if !strings.Contains(out, `40%\x1b[1A\x1b[2K\r`+forged+`\n`) {
+		t.Errorf("tether lease evidence -o csv does not show the rogue's progress value written out:\n%s", out)
+	}
+}
