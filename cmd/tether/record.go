@@ -299,9 +299,11 @@ func PrintRecordSummary(w io.Writer, r *tetherv1.ReconciliationRecord) {
 			continue
 		case tetherv1.NodeOutcome_NODE_OUTCOME_SUPERSEDED:
 			// Not confirmed here, nor unaccounted here: the termination
-			// it was left to accounts for it, and its record tells its end.
+			// it was left to accounts for it, and tells its end in its
+			// record once it has one (it may still be stopping the node:
+			// termination show says how far it is).
 			if by := n.SupersededByTerminationId; by != "" {
-				fmt.Fprintf(w, "  left to      %-16s %s by termination %s (tether record show %s)%s\n", n.Name, n.NodeId, by, by, claim)
+				fmt.Fprintf(w, "  left to      %-16s %s by termination %s (tether termination show %s)%s\n", n.Name, n.NodeId, by, by, claim)
 			} else {
 				fmt.Fprintf(w, "  left to      %-16s %s by another termination%s\n", n.Name, n.NodeId, claim)
 			}

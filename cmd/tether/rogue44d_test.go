@@ -116,7 +116,7 @@ func TestRogue44DRecordShowTellsANodeLeftToAnotherStop(t *testing.T) {
 	if strings.Contains(out, "UNACCOUNTED  helper") || !strings.Contains(out, "Nodes: 0 confirmed, 0 unaccounted, 1 left to other terminations") {
 		t.Errorf("tether record show counts the child, left to the operator's %s, unaccounted (or confirmed):\n%s", outerID, out)
 	}
-	if !strings.Contains(out, "left to      helper           "+helper+" by termination "+outerID+" (tether record show "+outerID+")") {
+	if !strings.Contains(out, "left to      helper           "+helper+" by termination "+outerID+" (tether termination show "+outerID+")") {
 		t.Errorf("tether record show does not name the termination %s that accounts for the child:\n%s", outerID, out)
 	}
 	row := recordRow(t, mustCLI(t, w.srv.URL, w.srv.Admin, "record", "ls", "--tree", helper), done.RecordId)
