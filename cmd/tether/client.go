@@ -198,13 +198,14 @@ func allPages[T any](page func(token string) ([]T, string, error)) ([]T, error) 
 	}
 }
 
-// printJSON writes a message as indented protojson (the same shape curl sees).
+// printJSON writes a message as indented protojson (the same shape curl
+// sees), with no character that acts on a terminal (inertJSON).
 func printJSON(w io.Writer, m proto.Message) error {
 	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(m)
 	if err != nil {
 		return err
 	}
-	_, err = fmt.Fprintln(w, string(b))
+	_, err = fmt.Fprintln(w, string(inertJSON(b)))
 	return err
 }
 
@@ -222,7 +223,7 @@ func printJSONList[M proto.Message](w io.Writer, ms []M) error {
 	if err != nil {
 		return err
 	}
-	_, err = fmt.Fprintln(w, string(b))
+	_, err = fmt.Fprintln(w, string(inertJSON(b)))
 	return err
 }
 

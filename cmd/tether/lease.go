@@ -465,7 +465,16 @@ message kind and decision time.`,
 				}
 				if err := pages(func(page []*tetherv1.EvidenceRow) error {
 					for _, r := range page {
-						if err := w.Write(wire.EvidenceRowFromProto(r).SeedRecord()); err != nil {
+						// Each cell as the table shows it: the CSV reaches
+						// the operator's terminal unless redirected, and a
+						// holder's progress value "\x1b[1A\x1b[2K\r…" (or
+						// a line break in its quoted cell) wrote a row of
+						// the holder's making over the matrix's.
+						cells := wire.EvidenceRowFromProto(r).SeedRecord()
+						for i, c := range cells {
+							cells[i] = printable(c)
+						}
+						if err := w.Write(cells); err != nil {
 							return err
 						}
 					}

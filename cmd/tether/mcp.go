@@ -289,7 +289,7 @@ func newMCPToolsCommand(g *globals) *cobra.Command {
 			}
 			if asJSON {
 				b, _ := json.MarshalIndent(tools, "", "  ")
-				fmt.Fprintln(cmd.OutOrStdout(), string(b))
+				fmt.Fprintln(cmd.OutOrStdout(), string(inertJSON(b)))
 				return nil
 			}
 			tw := newTable(cmd.OutOrStdout())

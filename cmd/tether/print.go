@@ -5,6 +5,8 @@ import (
 	shown "github.com/tetherhq/tether/internal/printable"
 	"strings"
 	"time"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/proto"
@@ -132,6 +134,44 @@ func roleName(r tetherv1.Role) string {
 // ("job-1" and "job-1\u200b"). The console shows the same text by the same
 // rule (internal/printable).
 func printable(s string) string { return shown.String(s, "") }
+
+// inertJSON is JSON text b with every character printable writes out
+// (shown.Hidden: a C1 control, DEL, a bidirectional control, an invisible
+// character, a space other than ASCII's) written as a JSON escape
+// (\u009b, \u202e, \ud83d\ude00 past U+FFFF): the same JSON, read back as
+// the same strings, that acts on no terminal. The JSON encoders escape
+// the C0 controls and leave the rest as they are, so a rogue's reason
+// with CSI written as UTF-8 ("\u009b1A\u009b2K"; VTE's terminals, GNU
+// screen and Mosh act on the C1 controls so written) moved the cursor up
+// and erased the line above in `tether record show -o json`, where the
+// summary printed it escaped. Such a character can stand only within a
+// JSON string: the text outside strings is ASCII.
+func inertJSON(b []byte) []byte {
+	var out []byte
+	prev := rune(0)
+	for i := 0; i < len(b); {
+		r, size := rune(b[i]), 1
+		if r >= utf8.RuneSelf {
+			r, size = utf8.DecodeRune(b[i:])
+		}
+		if r >= 0x7f && r != utf8.RuneError && shown.Hidden(prev, r) {
+			if out == nil {
+				out = append(make([]byte, 0, len(b)+32), b[:i]...)
+			}
+			for _, u := range utf16.Encode([]rune{r}) {
+				out = fmt.Appendf(out, `\u%04x`, u)
+			}
+		} else if out != nil {
+			out = append(out, b[i:i+size]...)
+		}
+		prev = r
+		i += size
+	}
+	if out == nil {
+		return b
+	}
+	return out
+}
 
 // printableJob is a job id as printable shows it, with a space at either
 // end or beside another written \x20: a terminal shows "job-1 " as it

@@ -9,6 +9,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/internal/sortedmap"
@@ -111,9 +112,9 @@ func newRecordLsCommand(g *globals) *cobra.Command {
 					more = ""
 				}
 			}
-			if err := printList(g, cmd.OutOrStdout(), recs, "RECORD\tTERMINATION\tNODE\tMODE\tNODES\tUNACCOUNTED\tWRITTEN", func(r *tetherv1.ReconciliationRecord) []string {
-				_, unaccounted := countNodes(r)
-				return []string{r.RecordId, r.TerminationId, r.NodeId, modeName(r.Mode), fmt.Sprint(len(r.Nodes)), fmt.Sprint(unaccounted), r.WrittenAt.AsTime().Format("2006-01-02T15:04:05Z")}
+			if err := printList(g, cmd.OutOrStdout(), recs, "RECORD\tTERMINATION\tNODE\tMODE\tNODES\tUNACCOUNTED\tLEFT TO OTHERS\tRAN ON AFTER CANCEL\tWRITTEN", func(r *tetherv1.ReconciliationRecord) []string {
+				n := countNodes(r)
+				return []string{r.RecordId, r.TerminationId, r.NodeId, modeName(r.Mode), fmt.Sprint(len(r.Nodes)), fmt.Sprint(n.unaccounted), fmt.Sprint(n.leftTo), fmt.Sprint(countRanOn(r)), r.WrittenAt.AsTime().Format("2006-01-02T15:04:05Z")}
 			}); err != nil || more == "" {
 				return err
 			}
@@ -132,15 +133,58 @@ func modeName(m tetherv1.TerminationMode) string {
 	return strings.ToLower(strings.TrimPrefix(m.String(), "TERMINATION_MODE_"))
 }
 
-func countNodes(r *tetherv1.ReconciliationRecord) (confirmed, unaccounted int) {
+// nodeCounts are a record's nodes by outcome: confirmed, left to another
+// termination (superseded: that one accounts for the node, its record
+// tells its end), and unaccounted (any other).
+type nodeCounts struct{ confirmed, unaccounted, leftTo int }
+
+// countNodes counts a record's nodes as the console's record page does.
+// Until the forty-fourth hostile pass a node left to another termination
+// was counted unaccounted: the record of a rogue's drain of its own child,
+// which an operator's abort took over, read "1 unaccounted" and named no
+// termination that accounts for it, where the console counted it apart.
+func countNodes(r *tetherv1.ReconciliationRecord) nodeCounts {
+	var c nodeCounts
 	for _, n := range r.Nodes {
-		if n.Outcome == tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED {
-			confirmed++
-		} else {
-			unaccounted++
+		switch n.Outcome {
+		case tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED:
+			c.confirmed++
+		case tetherv1.NodeOutcome_NODE_OUTCOME_SUPERSEDED:
+			c.leftTo++
+		default:
+			c.unaccounted++
 		}
 	}
-	return confirmed, unaccounted
+	return c
+}
+
+// ranOn reports whether a call's gate reported it ended (completed or
+// failed) after the termination ordered its cancel, instead of
+// acknowledging the cancel: the tool was not stopped by the order and did
+// what it did after it. The console's record page lists such calls under
+// Needs attention; the CLI printed them "completed", like a call that
+// ended before the stop.
+func ranOn(c *tetherv1.RecordToolCall) bool {
+	return c.CancelRequestedAt != nil && (c.Resolution == tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED || c.Resolution == tetherv1.CallResolution_CALL_RESOLUTION_FAILED)
+}
+
+func countRanOn(r *tetherv1.ReconciliationRecord) int {
+	n := 0
+	for _, c := range r.ToolCalls {
+		if ranOn(c) {
+			n++
+		}
+	}
+	return n
+}
+
+// clockTime is a record's time of day, as the summary prints it; "never"
+// when unset.
+func clockTime(ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return "never"
+	}
+	return ts.AsTime().UTC().Format("15:04:05Z")
 }
 
 // leaseEnd says how a record's lease ended and on whose word: the
@@ -181,7 +225,7 @@ func lower(s, prefix string) string { return strings.ToLower(strings.TrimPrefix(
 // how it ended, what was revoked or expired, who is confirmed and who is
 // unaccounted.
 func PrintRecordSummary(w io.Writer, r *tetherv1.ReconciliationRecord) {
-	confirmed, unaccounted := countNodes(r)
+	nodes := countNodes(r)
 	esc := ""
 	if r.Escalated {
 		esc = ", escalated to abort"
@@ -209,6 +253,13 @@ func PrintRecordSummary(w io.Writer, r *tetherv1.ReconciliationRecord) {
 		} else if c.EndedBy != "" {
 			by = ", ended by " + c.EndedBy
 		}
+		if ranOn(c) {
+			res += " after its cancel"
+			by += fmt.Sprintf(", ran on after its cancel (ordered %s, ended %s)", clockTime(c.CancelRequestedAt), clockTime(c.EndedAt))
+		}
+		if c.Error != "" {
+			by += " (" + printable(c.Error) + ")"
+		}
 		return res, fmt.Sprintf("%-24s %-12s %-22s gate %s%s", res, c.Tool, c.NodeId, c.GateId, by)
 	})
 	for _, n := range r.Nodes {
@@ -232,14 +283,30 @@ func PrintRecordSummary(w io.Writer, r *tetherv1.ReconciliationRecord) {
 		}
 	}
 
-	fmt.Fprintf(w, "\nNodes: %d confirmed, %d unaccounted\n", confirmed, unaccounted)
+	leftTo := ""
+	if nodes.leftTo > 0 {
+		leftTo = fmt.Sprintf(", %d left to other terminations", nodes.leftTo)
+	}
+	fmt.Fprintf(w, "\nNodes: %d confirmed, %d unaccounted%s\n", nodes.confirmed, nodes.unaccounted, leftTo)
 	for _, n := range r.Nodes {
 		claim := ""
 		if n.ClaimedBy != "" {
 			claim = ", claimed by " + printable(n.ClaimedBy)
 		}
-		if n.Outcome == tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED {
+		switch n.Outcome {
+		case tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED:
 			fmt.Fprintf(w, "  confirmed    %-16s %s by %s%s\n", n.Name, n.NodeId, printable(n.ConfirmedBy), claim)
+			continue
+		case tetherv1.NodeOutcome_NODE_OUTCOME_SUPERSEDED:
+			// Not confirmed here, nor unaccounted here: the termination
+			// it was left to accounts for it, and tells its end in its
+			// record once it has one (it may still be stopping the node:
+			// termination show says how far it is).
+			if by := n.SupersededByTerminationId; by != "" {
+				fmt.Fprintf(w, "  left to      %-16s %s by termination %s (tether termination show %s)%s\n", n.Name, n.NodeId, by, by, claim)
+			} else {
+				fmt.Fprintf(w, "  left to      %-16s %s by another termination%s\n", n.Name, n.NodeId, claim)
+			}
 			continue
 		}
 		seen := "never"
