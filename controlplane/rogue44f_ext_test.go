@@ -43,6 +43,9 @@ func TestRogue44FRetransmittedRenewAfterTheEndIsADuplicate(t *testing.T) {
 			row.GetDecision().GetOutcome() == tetherv1.Outcome_OUTCOME_DUPLICATE {
 			dup++
 		}
+		if row.GetReason() != d.GetReason() {
+			t.Errorf("the row's reason %q is not the answer's %q", row.GetReason(), d.GetReason())
+		}
 		if after.State != ended.State || after.TerminalResult != ended.TerminalResult || after.RenewSequence != 1 || !after.ExpiresAt.AsTime().Equal(ended.ExpiresAt.AsTime()) {
 			t.Fatalf("the repeat changed the record: %v", after)
 		}
@@ -60,6 +63,9 @@ func TestRogue44FRetransmittedRenewAfterTheEndIsADuplicate(t *testing.T) {
 		if d.GetOutcome() == tetherv1.Outcome_OUTCOME_DUPLICATE && d.GetAuditEvent() == tetherv1.AuditEvent_AUDIT_EVENT_DUPLICATE_RENEW &&
 			row.GetDecision().GetOutcome() == tetherv1.Outcome_OUTCOME_DUPLICATE {
 			dup++
+		}
+		if row.GetReason() != d.GetReason() {
+			t.Errorf("the row's reason %q is not the answer's %q", row.GetReason(), d.GetReason())
 		}
 		if after.State != tetherv1.LeaseState_LEASE_STATE_EXPIRED || after.RenewSequence != 1 {
 			t.Fatalf("the repeat changed the record: %v", after)
