@@ -420,21 +420,25 @@ func TestSeed2AReplayedRenewExtendsNothing(t *testing.T) {
 		if want := w.clock.Now().Add(time.Minute); !expiry.Equal(want) {
 			t.Fatalf("renew 1000: expires %s, want %s", expiry, want)
 		}
-		// Past the expiry, nothing revives the generation.
+		// Past the expiry, nothing revives the generation. The replay of
+		// the accepted renew is a duplicate there too (forty-fourth pass:
+		// it read REJECTED LEASE_EXPIRED, as if the holder had asked for
+		// more after the end), and extends nothing.
 		w.clock.Advance(time.Minute)
 		for _, tc := range []struct {
-			what  string
-			m     *tetherv1.ChannelRequest
-			event tetherv1.AuditEvent
+			what    string
+			m       *tetherv1.ChannelRequest
+			outcome tetherv1.Outcome
+			event   tetherv1.AuditEvent
 		}{
-			{"renew 1000 replayed after the expiry", renew(l, 1000), tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED},
-			{"renew 1001 after the expiry", renew(l, 1001), tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED},
-			{"the ACK after the expiry", ack(l), tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED},
-			{"progress after the expiry", progress(l, 6, "c"), tetherv1.AuditEvent_AUDIT_EVENT_LATE_PROGRESS},
-			{"success after the expiry", complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS), tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED},
+			{"renew 1000 replayed after the expiry", renew(l, 1000), tetherv1.Outcome_OUTCOME_DUPLICATE, tetherv1.AuditEvent_AUDIT_EVENT_DUPLICATE_RENEW},
+			{"renew 1001 after the expiry", renew(l, 1001), tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED},
+			{"the ACK after the expiry", ack(l), tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED},
+			{"progress after the expiry", progress(l, 6, "c"), tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_LATE_PROGRESS},
+			{"success after the expiry", complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS), tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED},
 		} {
 			got, d := w1.send(t, tc.m)
-			wantDecision(t, tc.what, d, tetherv1.Outcome_OUTCOME_REJECTED, tc.event)
+			wantDecision(t, tc.what, d, tc.outcome, tc.event)
 			if got.State != tetherv1.LeaseState_LEASE_STATE_EXPIRED || !got.LeaseExpired || got.RenewSequence != 1000 || got.ProgressSequence != 5 || got.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_UNSPECIFIED {
 				t.Fatalf("%s: %v, want generation 1 EXPIRED at renew 1000, progress 5, no result", tc.what, got)
 			}
