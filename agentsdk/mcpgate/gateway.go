@@ -1007,8 +1007,19 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 			// upstream that answered first ran the call: its answer is
 			// recorded (completed, or failed) and passed to the agent.
 			a := upstreamAnswer{ran: true}
-			a.result, a.err = upSession.CallTool(ctx, params)
+			late := &lateWatch{answer: make(chan *jsonrpc.Response, 1)}
+			defer late.forget()
+			a.result, a.err = upSession.CallTool(context.WithValue(ctx, lateKey{}, late), params)
 			a.cancelled = a.err != nil && errors.Is(a.err, context.Canceled) && errors.Is(context.Cause(ctx), agentsdk.ErrCancelled)
+			if a.cancelled {
+				// The SDK stopped waiting, not necessarily the upstream:
+				// one that answers with a result in the grace ran the call
+				// on past its cancel, and is recorded as it answered.
+				if res, rerr, ranOn := g.ranOnPastCancel(late); ranOn {
+					a.result, a.err, a.cancelled = res, rerr, false
+					g.log.Warn("mcpgate: an upstream ran a call on past the control plane's cancel of it; recorded as it answered", "upstream", r.up.cfg.Name, "tool", r.tool)
+				}
+			}
 			switch {
 			case a.err != nil && errors.Is(a.err, context.Canceled) && errors.Is(context.Cause(ctx), errGatewayClosing):
 				herr = errGatewayClosing // recorded in the gateway's words

@@ -53,6 +53,10 @@ func TestMain(m *testing.M) {
 		outlivesItsWrapper(dir)
 		return
 	}
+	if dir := os.Getenv("MCPGATE_ROGUE44H_RUNS_ON"); dir != "" {
+		runsOnPastCancel(dir)
+		return
+	}
 	if dir := os.Getenv("MCPGATE_ROGUE21_EXITS"); dir != "" {
 		exitsOnceListed(dir)
 		return

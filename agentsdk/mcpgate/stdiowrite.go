@@ -41,7 +41,7 @@ func (t stdioTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 			t.log.Warn("mcpgate: what a stdio upstream's process leaves outside its process group will not be stopped with it", "upstream", t.upstream, "error", err)
 		}
 	}
-	return abandonableWrites{Connection: c, cmd: t.cmd, bound: t.bound, exits: t.exits, orphans: left, log: t.log, upstream: t.upstream}, nil
+	return abandonableWrites{Connection: c, cmd: t.cmd, bound: t.bound, exits: t.exits, orphans: left, log: t.log, upstream: t.upstream, late: newLateAnswers()}, nil
 }
 
 // orphansGrace is how long the gateway goes on killing what a stdio
@@ -96,9 +96,22 @@ type abandonableWrites struct {
 	orphans  orphans.Watch
 	log      *slog.Logger
 	upstream string
+	late     *lateAnswers // the calls whose answers the gateway listens for (ranOnPastCancel)
+}
+
+// Read hands each answer read to the call that listens for it (lateAnswers).
+func (c abandonableWrites) Read(ctx context.Context) (jsonrpc.Message, error) {
+	msg, err := c.Connection.Read(ctx)
+	if err != nil {
+		c.late.end()
+		return msg, err
+	}
+	c.late.read(msg)
+	return msg, nil
 }
 
 func (c abandonableWrites) Close() error {
+	c.late.end()
 	done := c.exits.add()
 	go func() {
 		defer done()
@@ -168,6 +181,7 @@ func (c abandonableWrites) Write(ctx context.Context, msg jsonrpc.Message) error
 	if err := ctx.Err(); err != nil {
 		return err // not written at all (the SDK's own rule)
 	}
+	c.late.written(ctx, msg)
 	done := make(chan error, 1)
 	go func() { done <- c.Connection.Write(ctx, msg) }()
 	select {

@@ -1,0 +1,165 @@
+package mcpgate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// CancelAnswerGrace is how long, once the control plane's cancel has
+// stopped the gateway's wait for a call to a stdio upstream, the gateway
+// still listens for the upstream's answer to it before it acknowledges
+// the cancel (on the gateway's clock; an abort's acknowledgement window
+// is 10 s by default). MCP's cancellation is advisory: an upstream that
+// ignores notifications/cancelled goes on with the call. The Go SDK's
+// client forgets a call as its context is cancelled and drops the answer
+// that comes after, so the gateway acknowledged the cancel of a call the
+// upstream then ran to its end and answered: the record read
+// cancelled_acked, the gateway's word that the call stopped on its cancel,
+// of a call that did not (rogue44h test). An answer with a result in the
+// grace (not an error, nor a result with isError set: the Go SDK's server
+// answers a call its cancel stopped with one) is the upstream's word that
+// the call ran on past its cancel: it is recorded completed, as the Go
+// ToolGate records a handler that returned a result after the order. An
+// upstream that answers nothing (MCP's advice to one that stops) has the
+// cancel acknowledged when the grace is over; so does one whose
+// connection ends meanwhile. An answer after the grace is still dropped
+// (docs/design.md §11).
+const CancelAnswerGrace = 2 * time.Second
+
+// lateKey keys, in the context of a call's upstream request, the
+// lateWatch the connection registers the request under as it writes it.
+type lateKey struct{}
+
+// lateWatch is one call's ear for its upstream's answer, on the
+// connection its request was written to (a stdio upstream's: over
+// Streamable HTTP the SDK ends the request's POST, and with it the
+// answer's stream, as it cancels the call).
+type lateWatch struct {
+	answer chan *jsonrpc.Response // the upstream's answer (1)
+	mu     sync.Mutex
+	on     *lateAnswers // the connection, once its request was written to it
+	id     jsonrpc.ID
+}
+
+// connectionGone is the end of the connection the call's request was
+// written to, or nil if it was not written to one that listens.
+func (w *lateWatch) connectionGone() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.on == nil {
+		return nil
+	}
+	return w.on.gone
+}
+
+// forget stops listening: the call is over, however it ended.
+func (w *lateWatch) forget() {
+	w.mu.Lock()
+	on := w.on
+	w.mu.Unlock()
+	if on == nil {
+		return
+	}
+	on.mu.Lock()
+	if on.calls[w.id] == w {
+		delete(on.calls, w.id)
+	}
+	on.mu.Unlock()
+}
+
+// lateAnswers are the calls of one stdio upstream's connection whose
+// answers the gateway listens for, by their request's id.
+type lateAnswers struct {
+	mu    sync.Mutex
+	calls map[jsonrpc.ID]*lateWatch
+	gone  chan struct{} // closed as the connection ends
+	once  sync.Once
+}
+
+func newLateAnswers() *lateAnswers {
+	return &lateAnswers{calls: map[jsonrpc.ID]*lateWatch{}, gone: make(chan struct{})}
+}
+
+// written registers msg, a call's request about to be written, under the
+// lateWatch its context holds, if any.
+func (l *lateAnswers) written(ctx context.Context, msg jsonrpc.Message) {
+	req, ok := msg.(*jsonrpc.Request)
+	if !ok || !req.IsCall() {
+		return
+	}
+	w, _ := ctx.Value(lateKey{}).(*lateWatch)
+	if w == nil {
+		return
+	}
+	l.mu.Lock()
+	l.calls[req.ID] = w
+	l.mu.Unlock()
+	w.mu.Lock()
+	w.on, w.id = l, req.ID
+	w.mu.Unlock()
+}
+
+// read hands an answer to the call it answers, if it is listened for.
+func (l *lateAnswers) read(msg jsonrpc.Message) {
+	resp, ok := msg.(*jsonrpc.Response)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	w := l.calls[resp.ID]
+	delete(l.calls, resp.ID)
+	l.mu.Unlock()
+	if w != nil {
+		select {
+		case w.answer <- resp:
+		default:
+		}
+	}
+}
+
+// end marks the connection ended: no answer comes on it any more.
+func (l *lateAnswers) end() { l.once.Do(func() { close(l.gone) }) }
+
+// ranOnPastCancel waits, up to CancelAnswerGrace, for the upstream's
+// answer to a call whose cancel the control plane ordered and the SDK
+// abandoned. ranOn is true if the upstream answered with a result: the
+// call ran on past its cancel (res, or err if the result cannot be read).
+func (g *Gateway) ranOnPastCancel(w *lateWatch) (res *mcp.CallToolResult, err error, ranOn bool) {
+	gone := w.connectionGone()
+	if gone == nil {
+		return nil, nil, false
+	}
+	var resp *jsonrpc.Response
+	grace := g.cfg.Clock.NewTimer(CancelAnswerGrace)
+	defer grace.Stop()
+	select {
+	case resp = <-w.answer:
+	case <-gone:
+	case <-grace.C():
+	case <-g.closing.Done():
+	}
+	if resp == nil {
+		select {
+		case resp = <-w.answer: // (it came as the wait ended)
+		default:
+			return nil, nil, false
+		}
+	}
+	if resp.Error != nil {
+		return nil, nil, false // the upstream's word that the call did not complete
+	}
+	var r mcp.CallToolResult
+	if uerr := json.Unmarshal(resp.Result, &r); uerr != nil {
+		return nil, errors.New("the upstream answered the call after its cancel with a result the gateway cannot read"), true
+	}
+	if r.IsError {
+		return nil, nil, false
+	}
+	return &r, nil, true
+}
