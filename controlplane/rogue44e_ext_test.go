@@ -103,3 +103,47 @@ func TestRogue44EAClaimUnderAStopTakenOverStaysAClaim(t *testing.T) {
 		t.Errorf("the drain's record lists lease %s too: each lease is in one record", l.JobId)
 	}
 }
+
+// TestRogue44EAClaimUnderARetriedDrainStaysAClaim: the same rogue, and the
+// operator's client retries the drain of C (a repeat is a new termination
+// that takes the node over, keeping the first one's deadlines). The
+// retry's record is the one that lists C's jobs; C's SUCCESS, given under
+// the first drain, is its claim under stop there too.
+func TestRogue44EAClaimUnderARetriedDrainStaysAClaim(t *testing.T) {
+	w := newSeedWorld(t)
+	ctx := context.Background()
+	c := w.c.Node.NodeId
+	resp, err := w.admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "rogue", HolderIdentity: c, LeaseDuration: durationpb.New(10 * time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rogue, d := unary{w.cAgent}.send(t, ack(resp.Msg.Lease))
+	wantDecision(t, "ack rogue", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_ACKED)
+	if _, err := w.begin(w.gC.token); err != nil {
+		t.Fatal(err)
+	}
+	w.clk.Advance(time.Second)
+	first := terminate(t, w.admin, c, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Minute, time.Second, time.Minute)
+	waitState(t, w.srv, first.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+	w.clk.Advance(10 * time.Second)
+	_, d = unary{w.cAgent}.send(t, complete(rogue, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS))
+	wantDecision(t, "C's completion while it drains", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_TERMINAL_ACCEPTED)
+
+	w.clk.Advance(10 * time.Second)
+	retry := terminate(t, w.admin, c, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Minute, time.Second, time.Minute)
+	waitState(t, w.srv, retry.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+	w.clk.Advance(time.Minute) // past the first drain's deadline, which the retry keeps
+	waitState(t, w.srv, retry.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_ABORTING)
+	w.clk.Advance(2 * time.Second)
+	waitState(t, w.srv, retry.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	w.clk.Advance(2 * time.Minute)
+	waitState(t, w.srv, retry.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+
+	rec := record(t, w.admin, retry.TerminationId)
+	if len(rec.Leases) != 1 || rec.Leases[0].JobId != "rogue" {
+		t.Fatalf("the retry's record lists leases %v, want C's job", rec.Leases)
+	}
+	if l := rec.Leases[0]; l.EndedBy != tetherv1.LeaseEndedBy_LEASE_ENDED_BY_HOLDER_REPORT || !l.ClaimedUnderStop {
+		t.Fatalf("the retry's record lists C's SUCCESS under the first drain as %s, claimed_under_stop=%t; want the holder's report, its claim under stop", l.EndedBy, l.ClaimedUnderStop)
+	}
+}
