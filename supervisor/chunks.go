@@ -1131,6 +1131,9 @@ func (c *markChunk) discover(n *tree.Node) error {
 		n.State = MarkedState(*t, n.State)
 	}
 	n.TerminationID = t.ID
+	// When it first came under a stop, kept through every take-over:
+	// its holder's word from then on is its claim under stop.
+	n.StopSince = t.StopSinceAt(n.StopSince, owner, reach == ReachTakeOver, c.now)
 	if len(c.calls[n.NodeID]) > 0 || len(c.ended[n.NodeID]) > 0 {
 		// Its calls are put on this termination's account below, and
 		// each that ends is noted by node until the record lists it
@@ -2017,8 +2020,31 @@ func (s *Supervisor) membersLeases(ctx context.Context, t Termination, ids []str
 			break
 		}
 	}
-	markClaimsUnderStop(leases, t.UnderStopSince(), func(principal string) bool { return s.stoppedAgent(ctx, t, principal) })
+	since := map[string]time.Time{}
+	holderSince := func(holder string) time.Time {
+		at, ok := since[holder]
+		if !ok {
+			at = s.holderStopSince(ctx, holder)
+			since[holder] = at
+		}
+		return at
+	}
+	markClaimsUnderStop(leases, t.UnderStopSince(), holderSince, func(principal string) bool { return s.stoppedAgent(ctx, t, principal) })
 	return leases, read, nil
+}
+
+// holderStopSince is when the node of a lease's holder first came under a
+// stop (tree.Node.StopSince, kept through every take-over), on a read of
+// its node; zero when unknown.
+func (s *Supervisor) holderStopSince(ctx context.Context, holder string) time.Time {
+	if s.Tree == nil {
+		return time.Time{}
+	}
+	n, err := s.Tree.Get(ctx, holder)
+	if err != nil {
+		return time.Time{}
+	}
+	return n.StopSince
 }
 
 // stoppedAgent reports whether principal is an agent of t's subtree (a
@@ -2042,7 +2068,10 @@ func (s *Supervisor) stoppedAgent(ctx context.Context, t Termination, principal 
 }
 
 // markClaimsUnderStop flags each lease whose end rests on its holder's
-// word given at or after the termination was requested: the holder was
+// word given at or after the termination was requested, or after the
+// holder's node first came under a stop this termination took it over
+// from (holderSince, tree.Node.StopSince, read only for a word given
+// before the request): the holder was
 // being stopped (or about to be), so its SUCCESS or FAILED is its own
 // claim under stop, shown, not confirmed — and so is its acknowledgement
 // of the cancel request, on which the termination's reconciliation ends
@@ -2059,12 +2088,19 @@ func (s *Supervisor) stoppedAgent(ctx context.Context, t Termination, principal 
 // both ends, whenever given — a rogue subtree that cancelled and
 // acknowledged its own job beforehand, and worked on, had the termination
 // end it CANCELLED without the flag (twenty-ninth pass).
-func markClaimsUnderStop(leases []RecordLease, requestedAt time.Time, stoppedAgent func(principal string) bool) {
+func markClaimsUnderStop(leases []RecordLease, requestedAt time.Time, holderSince func(holder string) time.Time, stoppedAgent func(principal string) bool) {
 	for i := range leases {
 		l := &leases[i]
-		reported := l.EndedBy == LeaseEndedByHolderReport && !l.EndedAt.IsZero() && !l.EndedAt.Before(requestedAt)
+		underStop := func(at time.Time) bool {
+			if !at.Before(requestedAt) {
+				return true
+			}
+			since := holderSince(l.HolderIdentity)
+			return !since.IsZero() && !at.Before(since)
+		}
+		reported := l.EndedBy == LeaseEndedByHolderReport && !l.EndedAt.IsZero() && underStop(l.EndedAt)
 		acked := l.EndedBy == LeaseEndedByTermination && l.TerminalResult == LeaseResultCancelled && !l.CancelAckedAt.IsZero() &&
-			(!l.CancelAckedAt.Before(requestedAt) || l.CancelRequestedBy != "" && stoppedAgent(l.CancelRequestedBy))
+			(underStop(l.CancelAckedAt) || l.CancelRequestedBy != "" && stoppedAgent(l.CancelRequestedBy))
 		l.ClaimedUnderStop = reported || acked
 	}
 }

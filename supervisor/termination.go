@@ -821,6 +821,27 @@ func (t Termination) UnderStopSince() time.Time {
 	return at
 }
 
+// StopSinceAt is the instant a node came under a stop once t marks it or,
+// takingOver, takes it over from owner: the earliest of what the node kept
+// (since, tree.Node.StopSince), t's request, now (the mark, when the
+// reconciler's clock reads it earlier: UnderStopSince) and, for a node
+// taken over, owner's UnderStopSince (for a node marked before it was
+// kept). Every stop that takes the node over keeps it, so a holder's word
+// given under the first stop is its claim under stop in the record of the
+// one that accounts for the node (markClaimsUnderStop): until the
+// forty-fourth pass that record judged it against its own request alone,
+// and a rogue's SUCCESS given while an operator drained it read as a
+// result of before any stop once the operator's abort (or a client's
+// retry of the drain) took the node over (rogue44e test
+// TestRogue44EAClaimUnderAStopTakenOverStaysAClaim).
+func (t Termination) StopSinceAt(since time.Time, owner Termination, takingOver bool, now time.Time) time.Time {
+	at := earliest(since, t.RequestedAt, now)
+	if takingOver {
+		at = earliest(at, owner.UnderStopSince())
+	}
+	return at
+}
+
 // MaxReasonBytes bounds a termination's reason (and a stop proposal's).
 const MaxReasonBytes = 1024
 

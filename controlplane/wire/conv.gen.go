@@ -24,6 +24,7 @@ import (
 // domain Holds: the store's own bookkeeping (what the node may hold, for terminations), never shown.
 // domain LastSeenSeq: the store's own bookkeeping (the order of the node's observations, for its exit), never shown.
 // domain SessionClosedSeq: the store's own bookkeeping (the order of the node's observations, for its exit), never shown.
+// domain StopSince: the store's own bookkeeping (when the node first came under a stop, for the record's claims under stop), never shown.
 func Node(x *tree.Node) *tetherv1.Node {
 	if x == nil {
 		return nil

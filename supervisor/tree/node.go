@@ -57,6 +57,14 @@ type Node struct {
 	// this node's exit was confirmed (NoteAtWorkAfterClaims): the first
 	// one seen (bounded to one). Stored only, not on the wire.
 	BelowAfterClaim []BelowAfterClaim `pb:"22"`
+	// StopSince is the instant the node first came under a stop: the
+	// request of the first termination whose mark reached it (or that
+	// mark, if the control plane's clock read it earlier). Every stop
+	// that takes the node over keeps it, so a holder's word about its job
+	// given under the first is its claim under stop in the record of the
+	// last (the supervisor's markClaimsUnderStop). Zero: never marked, or
+	// marked before it was kept. Stored only, not on the wire.
+	StopSince time.Time `pb:"23"`
 }
 
 // BelowAfterClaim is a descendant of a node whose credential the control

@@ -29,6 +29,7 @@ func fullNode() *tree.Node {
 		Holds:        tree.HoldsTracked | tree.HoldsGrants | tree.HoldsCalls,
 		LastSeenSeq:  3, SessionClosedSeq: 4,
 		BelowAfterClaim: []tree.BelowAfterClaim{{NodeID: "n_grandchild", ParentNodeID: "n_child2", Kind: tree.ActivityRequest, At: at(9)}},
+		StopSince:       at(10),
 	}
 }
 
@@ -41,16 +42,18 @@ func TestStoredNodesKeepTheTetherV1Encoding(t *testing.T) {
 		Kind: "node", Full: fullNode,
 		SetID: func(n *tree.Node, id string) { n.NodeID = id },
 		Key:   tree.NodeKey, Put: tree.PutNodeIn, Get: tree.GetNodeIn, Wire: wire.Node,
-		// What the node may hold, the order of its observations, and a
-		// never-sessioned descendant served after its claim are the
-		// store's own bookkeeping.
-		StoreOnly: func(n *tree.Node) { n.Holds, n.LastSeenSeq, n.SessionClosedSeq, n.BelowAfterClaim = 0, 0, 0, nil },
+		// What the node may hold, the order of its observations, a
+		// never-sessioned descendant served after its claim and when it
+		// first came under a stop are the store's own bookkeeping.
+		StoreOnly: func(n *tree.Node) {
+			n.Holds, n.LastSeenSeq, n.SessionClosedSeq, n.BelowAfterClaim, n.StopSince = 0, 0, 0, nil, time.Time{}
+		},
 	}, fullNode().NodeID, "n_older")
 	if state, err := tree.StoredState(stored); err != nil || state != fullNode().State {
 		t.Fatalf("StoredState (the census's decoding) = %v, %v; want %v", state, err, fullNode().State)
 	}
 	want := fullNode()
-	want.NodeID, want.Holds, want.LastSeenSeq, want.SessionClosedSeq, want.BelowAfterClaim = "n_older", 0, 0, 0, nil
+	want.NodeID, want.Holds, want.LastSeenSeq, want.SessionClosedSeq, want.BelowAfterClaim, want.StopSince = "n_older", 0, 0, 0, nil, time.Time{}
 	var watched tree.Node
 	if err := tree.UnmarshalNode(previous, &watched); err != nil || !reflect.DeepEqual(&watched, want) {
 		t.Fatalf("UnmarshalNode (the watchers' decoding) = %+v, %v; want %+v", &watched, err, want)

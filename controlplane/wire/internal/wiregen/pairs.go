@@ -24,6 +24,7 @@ var pairs = []pair{
 			"LastSeenSeq":      "the store's own bookkeeping (the order of the node's observations, for its exit), never shown",
 			"SessionClosedSeq": "the store's own bookkeeping (the order of the node's observations, for its exit), never shown",
 			"BelowAfterClaim":  "the store's own bookkeeping (a never-sessioned descendant served after the node's claimed exit, for its exit), never shown",
+			"StopSince":        "the store's own bookkeeping (when the node first came under a stop, for the record's claims under stop), never shown",
 		},
 		doc: "is an agent-tree node as the API shows it"},
 	{domain: reflect.TypeFor[tree.ExitConfirmation](), msg: reflect.TypeFor[tetherv1.ExitConfirmation](), to: "exitConfirmation", value: true,
