@@ -808,8 +808,9 @@ func reservesOf(share int) int { return max(1, share/4) }
 // connection they may. A refused request changes nothing, and the Gate
 // closes its connection (HTTP/2: GOAWAY, then closed once its admitted
 // streams end) — unless the request was forwarded by another replica,
-// whose connection carries other callers' calls (auth.Interceptor.SharedConn).
-func (c *limitedConn) bind(p auth.Principal) error {
+// whose connection carries other callers' calls (shared:
+// auth.Interceptor.SharedConn), and the refusal says which.
+func (c *limitedConn) bind(p auth.Principal, shared bool) error {
 	key := keyOf(p)
 	node, isNode := nodeKeyOf(p)
 	c.keysMu.Lock()
@@ -840,15 +841,15 @@ func (c *limitedConn) bind(p auth.Principal) error {
 				who, per = fmt.Sprintf("lineage %s (%s shares it with its root and every descendant)", p.Lineage, p.ID()), "lineage"
 				own = fmt.Sprintf(", and %s already holds %s of its own (a node holding none may bind %d past the share)", p.ID(), connections(l.callers[node]), ConnectionReserve)
 			}
-			return tooManyConnections(fmt.Sprintf("%s already holds %s to this server, the limit per %s (tether serve --max-connections-per-lineage)%s", who, connections(n), per, own))
+			return tooManyConnections(shared, fmt.Sprintf("%s already holds %s to this server, the limit per %s (tether serve --max-connections-per-lineage)%s", who, connections(n), per, own))
 		}
 		if r := l.callers[reserveKeyOf(p)]; r >= reservesOf(l.perCaller) {
-			return tooManyConnections(fmt.Sprintf("lineage %s (%s shares it with its root and every descendant) already holds %s to this server, the limit per lineage (tether serve --max-connections-per-lineage), and its nodes %d more past it, the most a lineage's nodes may bind past its share (a quarter of it)", p.Lineage, p.ID(), connections(n), r))
+			return tooManyConnections(shared, fmt.Sprintf("lineage %s (%s shares it with its root and every descendant) already holds %s to this server, the limit per lineage (tether serve --max-connections-per-lineage), and its nodes %d more past it, the most a lineage's nodes may bind past its share (a quarter of it)", p.Lineage, p.ID(), connections(n), r))
 		}
 		reserve = true
 	}
 	if p.IsAgent() && !c.agent && l.agents >= l.max-l.operatorReserve {
-		return tooManyConnections(fmt.Sprintf("agents already hold %d of the server's %s; the other %d are kept for operators and tool servers (tether serve --operator-reserve)", l.agents, connections(l.max), l.operatorReserve))
+		return tooManyConnections(shared, fmt.Sprintf("agents already hold %d of the server's %s; the other %d are kept for operators and tool servers (tether serve --operator-reserve)", l.agents, connections(l.max), l.operatorReserve))
 	}
 	if l.callers == nil {
 		l.callers = map[callerKey]int{}
@@ -956,19 +957,28 @@ func connections(n int) string {
 	return fmt.Sprintf("%d connections", n)
 }
 
-func tooManyConnections(what string) error {
+// tooManyConnections refuses a call whose caller holds every connection it
+// may. A call on a connection that carries other callers' calls (shared:
+// one another replica forwarded) is refused alone, its connection kept:
+// its refusal, which reaches the caller through the replica it called,
+// says so, and names the connections to close — those it holds to this
+// replica, not to the one it called, whose connection stays open.
+func tooManyConnections(shared bool, what string) error {
+	if shared {
+		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%w: %s; the call was forwarded to this replica (the one serving the job leases) by the replica you called, and is refused alone, your connection to that one kept: close one of the connections you hold to this replica first", auth.ErrTooManyConnections, what))
+	}
 	return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%w: %s; this connection is being closed: send further calls over one you hold (HTTP/2 carries many at once) or close one first", auth.ErrTooManyConnections, what))
 }
 
 // bindConn is auth.Interceptor.Bind: it binds the connection a request
 // arrived on (connContext put it in the request's context; a request
 // served by Handler has none, and is not counted).
-func bindConn(ctx context.Context, p auth.Principal) error {
+func bindConn(ctx context.Context, p auth.Principal, shared bool) error {
 	c, _ := ctx.Value(connKey{}).(*limitedConn)
 	if c == nil {
 		return nil
 	}
-	return c.bind(p)
+	return c.bind(p, shared)
 }
 
 // boundBudget is auth.Interceptor.BoundBudget: the rate budget of the

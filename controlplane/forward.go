@@ -133,6 +133,18 @@ func (s *Server) leaseHandler() tetherv1connect.LeaseServiceHandler {
 // addresses, TLS (verified with tlsConfig, nil: the system roots) for
 // https:// ones. HTTP/2 pings find a dead leader within about 15s on an
 // idle connection.
+//
+// The leader's answers of a relayed Channel wait in this client while the
+// relay waits to write them to a caller who takes none (it grants no
+// flow-control window): the client grants each stream
+// MaxReceiveBufferBytes of them, as the server grants a request's body,
+// so that a rogue's unread Channels through this replica park no more
+// here than that each (Go's default: 4 MiB a stream, over the streams a
+// lineage may hold; rogue44g test), the rest waiting in the leader's own
+// bound of answers in flight (maxChannelInFlight), as for a Channel
+// opened to the leader itself. The connection's window is left at Go's default (1 GiB), which
+// its streams (the leader's MaxStreamsPerConn) cannot fill: one caller's
+// unread answers never stall the others' forwarded calls on it.
 func peerClient(tlsConfig *tls.Config) *http.Client {
 	protocols := new(http.Protocols)
 	protocols.SetHTTP2(true)
@@ -142,7 +154,11 @@ func peerClient(tlsConfig *tls.Config) *http.Client {
 		TLSClientConfig:     tlsConfig,
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		TLSHandshakeTimeout: 5 * time.Second,
-		HTTP2:               &http.HTTP2Config{SendPingTimeout: 10 * time.Second, PingTimeout: 5 * time.Second},
+		HTTP2: &http.HTTP2Config{
+			SendPingTimeout:           10 * time.Second,
+			PingTimeout:               5 * time.Second,
+			MaxReceiveBufferPerStream: MaxReceiveBufferBytes,
+		},
 	}}
 }
 

@@ -213,8 +213,10 @@ type Interceptor struct {
 	// connection the request came on (its context says which) to the
 	// caller. An error refuses the request, charging nothing; one wrapping
 	// ErrTooManyConnections also closes the connection (the Gate's answer
-	// carries Connection: close, which HTTP/2 turns into a GOAWAY).
-	Bind func(ctx context.Context, p Principal) error
+	// carries Connection: close, which HTTP/2 turns into a GOAWAY) unless
+	// shared (SharedConn said the connection carries other callers'
+	// calls), which Bind is told so that its refusal says what happens.
+	Bind func(ctx context.Context, p Principal, shared bool) error
 	// Cache remembers verified tokens (nil: verify every request).
 	Cache *TokenCache
 	// RateLimited, if set, is told of each request the Limiter refused,
@@ -448,7 +450,7 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 		return ctx, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%w: %s may not call %s", ErrDenied, who, procedure))
 	}
 	if i.Bind != nil {
-		if err := i.Bind(ctx, p); err != nil {
+		if err := i.Bind(ctx, p, i.sharedConn(header)); err != nil {
 			return ctx, err
 		}
 	}
@@ -859,6 +861,12 @@ func (i *Interceptor) newMeter(ctx context.Context, p Principal, procedure strin
 	return &meter{i: i, p: p, procedure: procedure, owed: owed}
 }
 
+// sharedConn reports whether a request's headers say its connection
+// carries other callers' calls (SharedConn).
+func (i *Interceptor) sharedConn(h http.Header) bool {
+	return i.SharedConn != nil && h != nil && i.SharedConn(h)
+}
+
 // gateKey marks a context whose request the Gate admitted.
 type gateKey struct{}
 
@@ -884,7 +892,7 @@ func (i *Interceptor) Gate(next http.Handler) http.Handler {
 			// The body is never read: the server discards at most a little
 			// of it and closes an HTTP/1.1 connection; HTTP/2 resets the
 			// stream.
-			if r.ProtoMajor == 1 || errors.Is(err, ErrTooManyConnections) && (i.SharedConn == nil || !i.SharedConn(r.Header)) {
+			if r.ProtoMajor == 1 || errors.Is(err, ErrTooManyConnections) && !i.sharedConn(r.Header) {
 				w.Header().Set("Connection", "close")
 			}
 			_ = errw.Write(w, withoutHeaders(r), err)
