@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -328,5 +329,37 @@ func TestRogue44CRecordReaderEndsOnAPathThatCyclesItsPages(t *testing.T) {
 	}
 	if errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "already read") {
 		t.Fatalf("ReadRecord: %v; want the page named twice said", err)
+	}
+}
+
+// TestRogue44CLauncherEndsOnAPathThatCyclesItsPages: a Launcher with an
+// Instance lists its predecessors' roots (ListNodes, one level, a page at
+// a time) before it starts its agent. A path that answers the second
+// page's request with the first page's token as the next kept Run listing
+// for ever (200 calls when the test stopped it), the agent never started
+// and nothing said why: it did not even look at whether the next token
+// was the one it asked with. Run now fails at the first token answered
+// twice, saying so.
+func TestRogue44CLauncherEndsOnAPathThatCyclesItsPages(t *testing.T) {
+	srv := startEmbedded(t)
+	path := &rogue44CPath{suffix: "/ListNodes", limit: 200, forge: func(n int, req, real []byte) []byte {
+		return mustMarshal(t, &tetherv1.ListNodesResponse{NextPageToken: []string{"node-forged-a", "node-forged-b"}[(n+1)%2]})
+	}}
+	conn, ctx := rogue44CDial(t, srv.URL, srv.AdminToken, path)
+	l, err := agentsdk.NewLauncher(agentsdk.LauncherConfig{
+		Operator: conn, Name: "rogue44c", Instance: "host-44c",
+		Versions: []agentsdk.Version{{Name: "v1", Command: "sleep", Args: []string{"600"}}}, Start: "v1",
+		Log: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = l.Run(ctx)
+	calls := path.calls.Load()
+	if err == nil || ctx.Err() != nil || calls > 3 || !strings.Contains(err.Error(), "already read") {
+		t.Fatalf("Run listed %d pages and returned %v; want an error at the 3rd page, the 1st page's token answered again", calls, err)
+	}
+	if node, _ := l.Current(); node != "" {
+		t.Fatalf("the launcher started node %s", node)
 	}
 }
