@@ -92,7 +92,9 @@ func AncestorPaths(ctx context.Context, c tetherv1connect.AgentServiceClient, no
 			if !ok && reads < maxReads {
 				reads++
 				name = a
-				if got, err := c.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: a})); err == nil {
+				// An answer naming another node, or none (a path to the
+				// control plane forging it), leaves the id.
+				if got, err := c.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: a})); err == nil && got.Msg.GetNode().GetNodeId() == a {
 					name = got.Msg.Node.Name
 				}
 				names[a], ok = name, true

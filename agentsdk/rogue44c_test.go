@@ -363,3 +363,42 @@ func TestRogue44CLauncherEndsOnAPathThatCyclesItsPages(t *testing.T) {
 		t.Fatalf("the launcher started node %s", node)
 	}
 }
+
+// TestRogue44CAncestorPathsTakesNoForgedNodeForAnAncestor: AncestorPaths
+// (the CLI's `agent ls`, the console's filtered view) names a listed
+// node's ancestors with a GetNode each. A path that answers GetNode with
+// no node had it dereference nil (a panic); one that answers with another
+// node had the ancestor named as that node. An answer that is not the node
+// asked for now leaves the ancestor's id.
+func TestRogue44CAncestorPathsTakesNoForgedNodeForAnAncestor(t *testing.T) {
+	url, admin, root := rogue44CSubtree(t)
+	honest := agentsdk.Dial(url, admin)
+	nodes, err := agentsdk.ListSubtree(context.Background(), honest.Agent, &tetherv1.ListNodesRequest{RootNodeId: root, PageSize: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := nodes[len(nodes)-1] // a grandchild: the root and the rogue above it
+	if len(leaf.Ancestors) != 2 {
+		t.Fatalf("the leaf has %d ancestors, want 2", len(leaf.Ancestors))
+	}
+	for _, c := range []struct {
+		name  string
+		forge *tetherv1.GetNodeResponse
+	}{
+		{"no node", &tetherv1.GetNodeResponse{}},
+		{"another node", &tetherv1.GetNodeResponse{Node: &tetherv1.Node{NodeId: "n_forged", Name: "trusted-worker"}}},
+	} {
+		path := &rogue44CPath{suffix: "/GetNode", limit: 10, forge: func(n int, req, real []byte) []byte { return mustMarshal(t, c.forge) }}
+		conn, ctx := rogue44CDial(t, url, admin, path)
+		var paths map[string]string
+		if err := noPanic(func() error {
+			paths = agentsdk.AncestorPaths(ctx, conn.Agent, []*tetherv1.Node{leaf}, 10)
+			return nil
+		}); err != nil {
+			t.Fatalf("%s: AncestorPaths %v", c.name, err)
+		}
+		if want := strings.Join(leaf.Ancestors, "/"); paths[leaf.NodeId] != want {
+			t.Fatalf("%s: the leaf's ancestors read %q, want their ids %q", c.name, paths[leaf.NodeId], want)
+		}
+	}
+}
