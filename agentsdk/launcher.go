@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -493,6 +494,7 @@ func (l *Launcher) endPredecessors(ctx context.Context) error {
 	}
 	var token string
 	found := 0
+	walk := newPageWalk("ListNodes of launcher instance "+strconv.Quote(l.cfg.Instance), "")
 	for {
 		resp, err := l.cfg.Operator.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{
 			LabelSelector: InstanceLabel + "=" + l.cfg.Instance, OneLevel: true, PageToken: token,
@@ -517,6 +519,11 @@ func (l *Launcher) endPredecessors(ctx context.Context) error {
 		token = resp.Msg.NextPageToken
 		if token == "" {
 			break
+		}
+		// A page named again (a path to the control plane that cycles
+		// its pages) would keep the launcher from ever starting.
+		if err := walk.next(token); err != nil {
+			return err
 		}
 	}
 	if found > 0 {

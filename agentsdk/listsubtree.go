@@ -3,6 +3,7 @@ package agentsdk
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 
 	"connectrpc.com/connect"
@@ -25,27 +26,41 @@ import (
 // (a node spawned meanwhile is listed if the walk has not passed its place
 // yet), and each is a request of the caller's rate budget. The nodes are
 // all held in memory: to look at a page at a time, call ListNodes with
-// subtree_pages yourself. req.one_level is refused.
+// subtree_pages yourself. req.one_level is refused. A page the control
+// plane never answers ends the listing with an error: one of more nodes
+// than page_size (or 1,000), a next_page_token answered before (a path to
+// the control plane that repeats, alternates or cycles its pages), a
+// listing past MaxPages answers.
 func ListSubtree(ctx context.Context, c tetherv1connect.AgentServiceClient, req *tetherv1.ListNodesRequest) ([]*tetherv1.Node, error) {
 	if req.OneLevel {
 		return nil, errors.New("agentsdk: ListSubtree lists a subtree, not one level (one_level)")
 	}
+	// The most nodes a page of the control plane's holds: page_size, at
+	// most and by default 1,000 (the nodes a call reads).
+	most := 1000
+	if req.PageSize > 0 && req.PageSize < 1000 {
+		most = int(req.PageSize)
+	}
 	var out []*tetherv1.Node
+	walk := newPageWalk("ListSubtree", req.PageToken)
 	page := &tetherv1.ListNodesRequest{RootNodeId: req.RootNodeId, LabelSelector: req.LabelSelector, PageSize: req.PageSize, PageToken: req.PageToken, SubtreePages: true}
 	for {
 		resp, err := c.ListNodes(ctx, connect.NewRequest(page))
 		if err != nil {
 			return nil, err
 		}
+		if n := len(resp.Msg.Nodes); n > most {
+			return nil, fmt.Errorf("agentsdk: ListSubtree: a page of %d nodes, where the control plane's hold at most %d", n, most)
+		}
 		out = append(out, resp.Msg.Nodes...)
 		next := resp.Msg.NextPageToken
 		if next == "" {
 			return out, nil
 		}
-		if next == page.PageToken {
-			// A continuation that does not move on would be asked for
-			// for ever.
-			return nil, errors.New("agentsdk: ListSubtree: the control plane answered the page it was asked for as the next one")
+		// A continuation that does not move on (the page asked for, or
+		// any earlier one) would be asked for for ever.
+		if err := walk.next(next); err != nil {
+			return nil, err
 		}
 		page = &tetherv1.ListNodesRequest{RootNodeId: req.RootNodeId, LabelSelector: req.LabelSelector, PageSize: req.PageSize, PageToken: next, SubtreePages: true}
 	}
@@ -77,7 +92,9 @@ func AncestorPaths(ctx context.Context, c tetherv1connect.AgentServiceClient, no
 			if !ok && reads < maxReads {
 				reads++
 				name = a
-				if got, err := c.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: a})); err == nil {
+				// An answer naming another node, or none (a path to the
+				// control plane forging it), leaves the id.
+				if got, err := c.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: a})); err == nil && got.Msg.GetNode().GetNodeId() == a {
 					name = got.Msg.Node.Name
 				}
 				names[a], ok = name, true

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -237,13 +238,16 @@ func agentShow(g *globals) *cobra.Command {
 				return err
 			}
 			n := resp.Msg.Node
+			if n == nil {
+				return errors.New("the server answered no node")
+			}
 			// Its ancestors by name and id, root first (a read each; the
 			// tree is at most 32 deep): names are not unique, and a rogue's
 			// child named "root" read as the root but for two ids.
 			path := make([]string, 0, len(n.Ancestors)+1)
 			for _, a := range n.Ancestors {
 				an, err := c.Agent.GetNode(cmd.Context(), connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: a}))
-				if err != nil {
+				if err != nil || an.Msg.GetNode().GetNodeId() != a {
 					path = append(path, a)
 					continue
 				}

@@ -180,24 +180,6 @@ func nextPageLine(g *globals, cmd *cobra.Command, command, token string, flags .
 	return more
 }
 
-// allPages collects every page of a paged list. page fetches the page a
-// token names ("" for the first) and returns its items and the next
-// token, "" after the last page.
-func allPages[T any](page func(token string) ([]T, string, error)) ([]T, error) {
-	var all []T
-	token := ""
-	for {
-		items, next, err := page(token)
-		if err != nil {
-			return nil, err
-		}
-		all = append(all, items...)
-		if token = next; token == "" {
-			return all, nil
-		}
-	}
-}
-
 // printJSON writes a message as indented protojson (the same shape curl
 // sees), with no character that acts on a terminal (inertJSON).
 func printJSON(w io.Writer, m proto.Message) error {

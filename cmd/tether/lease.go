@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/csv"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -428,6 +430,7 @@ message kind and decision time.`,
 			var stale []*tetherv1.StaleCount
 			pages := func(each func([]*tetherv1.EvidenceRow) error) error {
 				token := ""
+				seen := map[[sha256.Size]byte]bool{}
 				for {
 					resp, err := c.Lease.Evidence(cmd.Context(), connect.NewRequest(&tetherv1.EvidenceRequest{JobId: args[0], PageToken: token}))
 					if err != nil {
@@ -441,9 +444,14 @@ message kind and decision time.`,
 					if next == "" {
 						return nil
 					}
-					if next == token {
-						return fmt.Errorf("the server answered page token %q twice; stopping", next)
+					// The server's pages always move on: a token answered
+					// before (the page asked for, or any earlier one: a
+					// path to it that alternates or cycles its pages)
+					// would print the same rows for ever.
+					if seen[sha256.Sum256([]byte(next))] || next == token {
+						return errors.New("the server named a page already read as the next; stopping")
 					}
+					seen[sha256.Sum256([]byte(token))] = true
 					token = next
 				}
 			}

@@ -10,7 +10,7 @@ export { allows, validScope, verifyToken, parseJwks, compactJWS, Audience, MaxTo
 export { Fence, Fenced, NoAuthority, UnissuedGeneration, issuedGenerations, HeaderJobId, HeaderLeaseGeneration, MaxJobIdBytes, type Authority, type FenceOptions, type GenerationCheck } from "./fence.js";
 export { LeaseWorker, Job, JobEnded, WorkerClosed, retryable, TerminalResult, type JobEndKind, type JobOptions, type LeaseWorkerOptions } from "./leaseworker.js";
 export { TetherScope, type ChildOptions } from "./scope.js";
-export { listSubtree, type ListSubtreeRequest } from "./subtree.js";
+export { listSubtree, MaxPages, type ListSubtreeRequest } from "./subtree.js";
 export { StopSignalled, ToolCallCancelled, isRefusedStopping, isRefusedToken } from "./errors.js";
 export { NodeState, SignalKind, type Node } from "./gen/tether/v1/agent_pb.js";
 export { CallResolution, CallState, type ToolCall } from "./gen/tether/v1/tool_pb.js";

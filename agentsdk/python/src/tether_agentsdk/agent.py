@@ -4,6 +4,7 @@ control plane sends it."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,15 @@ DRAIN = "SIGNAL_KIND_DRAIN"
 ABORT = "SIGNAL_KIND_ABORT"
 
 
+#: The most answers list_subtree follows ``nextPageToken`` through: at the
+#: server's largest pages 10 million nodes, far past what a caller holds in
+#: memory (a caller of a larger subtree pages it itself, from the last token
+#: it read). A path that answers a fresh token with every page is read no
+#: further. The Go SDK's ``agentsdk.MaxPages``, the TypeScript SDK's
+#: ``MaxPages``.
+MAX_PAGES = 10_000
+
+
 def list_subtree(conn: Conn, root_node_id: str = "", label_selector: str = "", *, page_size: int = 0,
                  page_token: str = "") -> list[dict]:
     """Lists a subtree whole (the calling agent's own when no root is
@@ -38,19 +48,42 @@ def list_subtree(conn: Conn, root_node_id: str = "", label_selector: str = "", *
     its parent's or an operator's listing of it fails; each page here is
     bounded however large the subtree grew. Each page is its own snapshot,
     and each is a request of the caller's rate budget. The Go SDK's
-    ``agentsdk.ListSubtree``, the TypeScript SDK's ``listSubtree``."""
+    ``agentsdk.ListSubtree``, the TypeScript SDK's ``listSubtree``.
+
+    A page the control plane never answers raises ConnectError
+    (``internal``): one that is not a ``ListNodes`` answer (its nodes not a
+    list of objects, its token not text), one of more nodes than page_size
+    (or 1,000), a ``nextPageToken`` answered before (the control plane's
+    continuation always moves on: a path to it, a rogue proxy or replica,
+    that repeats, alternates or cycles its pages would be read for ever), a
+    listing past MAX_PAGES answers."""
+    most = page_size if 0 < page_size < 1000 else 1000
     out: list[dict] = []
     token = page_token
+    seen = {hashlib.sha256(token.encode()).digest()} if token else set()
+    pages = 0
     while True:
         resp = conn.call("AgentService", "ListNodes", {"rootNodeId": root_node_id, "labelSelector": label_selector,
                                                        "pageSize": page_size, "pageToken": token, "subtreePages": True})
-        out.extend(resp.get("nodes", []))
-        nxt = resp.get("nextPageToken", "")
+        pages += 1
+        nodes, nxt = resp.get("nodes", []), resp.get("nextPageToken", "")
+        if not isinstance(nodes, list) or not all(isinstance(n, dict) for n in nodes) or not isinstance(nxt, str):
+            raise ConnectError(INTERNAL, f"list_subtree: answer {pages} is not a ListNodes answer")
+        if len(nodes) > most:
+            raise ConnectError(INTERNAL, f"list_subtree: a page of {len(nodes)} nodes, where the control plane's hold at most {most}")
+        out.extend(nodes)
         if not nxt:
             return out
-        if nxt == token:
-            # A continuation that does not move on would be asked for for ever.
-            raise ConnectError(INTERNAL, "list_subtree: the control plane answered the page it was asked for as the next one")
+        # A continuation that does not move on (the page asked for, or any
+        # earlier one) would be asked for for ever.
+        key = hashlib.sha256(nxt.encode()).digest()
+        if key in seen:
+            raise ConnectError(INTERNAL, f"list_subtree: answer {pages} named a page already read as the next "
+                                         "(the control plane's pages always move on: a path to it repeats or cycles them)")
+        if pages >= MAX_PAGES:
+            raise ConnectError(INTERNAL, f"list_subtree: still a next page after {pages} answers (MAX_PAGES); "
+                                         "read the rest a page at a time")
+        seen.add(key)
         token = nxt
 
 
