@@ -5,10 +5,10 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
 import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
-import { createConnectTransport, Http2SessionManager } from "@connectrpc/connect-node";
-import { Conn, MaxMessageBytes, StopSignalled, TetherScope, ToolCallCancelled, ToolGate } from "../src/index.js";
+import { StopSignalled, TetherScope, ToolCallCancelled, ToolGate } from "../src/index.js";
 import { CallResolution, type ToolCall, type WatchCancelsResponse } from "../src/gen/tether/v1/tool_pb.js";
 import { until } from "./peer.js";
+import { dialThrough } from "./roguepath.js";
 import { startServer, TestServer, within } from "./server.js";
 
 let server: TestServer;
@@ -19,27 +19,6 @@ before(async () => {
 after(async () => {
   await server?.stop();
 });
-
-// dialThrough dials the control plane with token over HTTP/2, each request
-// passing interceptor after the auth one (the gate's path); closeSessions
-// aborts the HTTP/2 sessions it opened.
-function dialThrough(token: string, interceptor: Interceptor): { conn: Conn; closeSessions: () => void } {
-  const managers: Http2SessionManager[] = [];
-  const conn = Conn.dial(server.baseUrl, token, {
-    retry: { attempts: 1 },
-    transport: (auth) => {
-      const sessionManager = new Http2SessionManager(server.baseUrl);
-      managers.push(sessionManager);
-      return createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2", sessionManager, interceptors: [auth, interceptor], readMaxBytes: MaxMessageBytes });
-    },
-  });
-  return {
-    conn,
-    closeSessions: () => {
-      for (const m of managers) m.abort();
-    },
-  };
-}
 
 describe("rogue43G: a tool whose cancel came before it ran does not run", () => {
   // The agent being stopped has its call begun (BeginCall recorded) just as
@@ -71,7 +50,7 @@ describe("rogue43G: a tool whose cancel came before it ran does not run", () => 
       }
       return res;
     };
-    const { conn, closeSessions } = dialThrough(minted.token, slowBegin);
+    const { conn, closeSessions } = dialThrough(server.baseUrl, minted.token, slowBegin);
     const recorded: ToolCall[] = [];
     gate = new ToolGate(conn, "gate-rogue43g", { onRecorded: (c) => recorded.push(c) });
     try {
@@ -130,7 +109,7 @@ describe("rogue43G: a scope's tool stops on its agent's abort", () => {
       };
       return { ...res, message: messages() } as typeof res;
     };
-    const { conn, closeSessions } = dialThrough(minted.token, withholding);
+    const { conn, closeSessions } = dialThrough(server.baseUrl, minted.token, withholding);
     const recorded: ToolCall[] = [];
     const gate = new ToolGate(conn, "gate-rogue43g-deaf", { onRecorded: (c) => recorded.push(c) });
     const scope = new TetherScope(agent, gate, agent.capabilityToken(grant));

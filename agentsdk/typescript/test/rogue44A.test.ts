@@ -14,9 +14,9 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
 import type { Interceptor } from "@connectrpc/connect";
-import { createConnectTransport, Http2SessionManager } from "@connectrpc/connect-node";
-import { Conn, JobEnded, LeaseWorker, MaxMessageBytes } from "../src/index.js";
+import { Conn, JobEnded, LeaseWorker } from "../src/index.js";
 import type { AckResponse } from "../src/gen/tether/v1/lease_pb.js";
+import { dialThrough } from "./roguepath.js";
 import { startServer, TestServer, within } from "./server.js";
 
 let server: TestServer;
@@ -42,22 +42,8 @@ function dialForging(token: string, seconds: bigint): { conn: Conn; renewals: ()
     }
     return res;
   };
-  const managers: Http2SessionManager[] = [];
-  const conn = Conn.dial(server.baseUrl, token, {
-    retry: { attempts: 1 },
-    transport: (auth) => {
-      const sessionManager = new Http2SessionManager(server.baseUrl);
-      managers.push(sessionManager);
-      return createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2", sessionManager, interceptors: [auth, forge], readMaxBytes: MaxMessageBytes });
-    },
-  });
-  return {
-    conn,
-    renewals: () => renewals,
-    closeSessions: () => {
-      for (const m of managers) m.abort();
-    },
-  };
+  const { conn, closeSessions } = dialThrough(server.baseUrl, token, forge);
+  return { conn, renewals: () => renewals, closeSessions };
 }
 
 describe("rogue44A: a forged lease duration does not deafen a job", () => {

@@ -8,11 +8,11 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
 import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
-import { createConnectTransport, Http2SessionManager } from "@connectrpc/connect-node";
-import { CancelWatchRefreshMs, Conn, JobEnded, LeaseWorker, MaxMessageBytes, ToolCallCancelled, ToolGate } from "../src/index.js";
+import { CancelWatchRefreshMs, JobEnded, LeaseWorker, ToolCallCancelled, ToolGate } from "../src/index.js";
 import { TerminationMode } from "../src/gen/tether/v1/proposal_pb.js";
 import { CallResolution, type ToolCall, type WatchCancelsResponse } from "../src/gen/tether/v1/tool_pb.js";
 import { until } from "./peer.js";
+import { dialThrough } from "./roguepath.js";
 import { startServer, type TestServer, within } from "./server.js";
 
 let server: TestServer;
@@ -23,27 +23,6 @@ before(async () => {
 after(async () => {
   await server?.stop();
 });
-
-// dialThrough dials the control plane with token over HTTP/2, each request
-// passing interceptor after the auth one (the rogue path); closeSessions
-// aborts the HTTP/2 sessions it opened.
-function dialThrough(token: string, interceptor: Interceptor): { conn: Conn; closeSessions: () => void } {
-  const managers: Http2SessionManager[] = [];
-  const conn = Conn.dial(server.baseUrl, token, {
-    retry: { attempts: 1 },
-    transport: (auth) => {
-      const sessionManager = new Http2SessionManager(server.baseUrl);
-      managers.push(sessionManager);
-      return createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2", sessionManager, interceptors: [auth, interceptor], readMaxBytes: MaxMessageBytes });
-    },
-  });
-  return {
-    conn,
-    closeSessions: () => {
-      for (const m of managers) m.abort();
-    },
-  };
-}
 
 describe("rogue44B: a silent cancel stream does not deafen the gate", () => {
   // A hostile element on a tool server's path (a proxy that stalls the
@@ -77,7 +56,7 @@ describe("rogue44B: a silent cancel stream does not deafen the gate", () => {
       };
       return { ...res, message: messages() } as typeof res;
     };
-    const { conn, closeSessions } = dialThrough(minted.token, stalling);
+    const { conn, closeSessions } = dialThrough(server.baseUrl, minted.token, stalling);
     const recorded: ToolCall[] = [];
     // The refresh interval injected short: 400 of them fit in the guard.
     const gate = new ToolGate(conn, "gate-rogue44b", { onRecorded: (c) => recorded.push(c), cancelWatchRefreshMs: 50 });
@@ -161,7 +140,7 @@ describe("rogue44B: the lease worker stops a job whose credential is dead", () =
         throw err;
       }
     };
-    const { conn, closeSessions } = dialThrough(spawned.credential, path);
+    const { conn, closeSessions } = dialThrough(server.baseUrl, spawned.credential, path);
     const warns: string[] = [];
     // The renew interval injected (each renewal's deadline too: long
     // enough for a loaded machine's answers).

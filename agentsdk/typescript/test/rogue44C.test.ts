@@ -12,9 +12,9 @@ import { after, before, describe, test } from "node:test";
 
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
-import { createConnectTransport, Http2SessionManager } from "@connectrpc/connect-node";
-import { Agent, Conn, listSubtree, MaxMessageBytes, MaxPages } from "../src/index.js";
+import { Agent, Conn, listSubtree, MaxPages } from "../src/index.js";
 import { ListNodesResponseSchema, type ListNodesRequest, type ListNodesResponse } from "../src/gen/tether/v1/agent_pb.js";
+import { dialThrough as dialPath } from "./roguepath.js";
 import { startServer, TestServer } from "./server.js";
 
 let server: TestServer;
@@ -54,22 +54,14 @@ function dialThrough(
     // The forged message in the last real answer's frame (its headers).
     return { ...frame!, message } as Awaited<ReturnType<typeof next>>;
   };
-  const managers: Http2SessionManager[] = [];
-  const conn = Conn.dial(server.baseUrl, token, {
-    retry: { attempts: 1 },
-    transport: (auth) => {
-      const sessionManager = new Http2SessionManager(server.baseUrl);
-      managers.push(sessionManager);
-      return createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2", sessionManager, interceptors: [auth, rogue], readMaxBytes: MaxMessageBytes });
-    },
-  });
+  const { conn, closeSessions } = dialPath(server.baseUrl, token, rogue);
   return {
     conn,
     stop,
     calls: () => calls,
     close: () => {
       conn.close();
-      for (const m of managers) m.abort();
+      closeSessions();
     },
   };
 }
