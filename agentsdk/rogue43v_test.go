@@ -130,30 +130,7 @@ func (p *rogue43VPath) RoundTrip(r *http.Request) (*http.Response, error) {
 // forgeAckAnswer relays an ACK and puts leaseID in the lease of its
 // answer.
 func (p *rogue43VPath) forgeAckAnswer(r *http.Request, leaseID string) (*http.Response, error) {
-	r.Header.Del("Accept-Encoding")
-	resp, err := p.next.RoundTrip(r)
-	if err != nil || resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Encoding") != "" {
-		return resp, err
-	}
-	answer, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		return nil, err
-	}
-	var real tetherv1.AckResponse
-	if err := proto.Unmarshal(answer, &real); err != nil {
-		return nil, err
-	}
-	if real.Lease != nil {
-		real.Lease.LeaseId = leaseID
-	}
-	if answer, err = proto.Marshal(&real); err != nil {
-		return nil, err
-	}
-	resp.Body = io.NopCloser(bytes.NewReader(answer))
-	resp.ContentLength = int64(len(answer))
-	resp.Header.Set("Content-Length", strconv.Itoa(len(answer)))
-	return resp, nil
+	return relayForgedAck(p.next, r, func(l *tetherv1.Lease) { l.LeaseId = leaseID })
 }
 
 // rogue43VWorld is a child agent holding two jobs of generation 1 on the

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -63,30 +62,7 @@ func (p *rogue44APath) RoundTrip(r *http.Request) (*http.Response, error) {
 	if err := proto.Unmarshal(body, &req); err != nil || req.JobId != p.own {
 		return p.next.RoundTrip(r)
 	}
-	r.Header.Del("Accept-Encoding") // an answer the path can read
-	resp, err := p.next.RoundTrip(r)
-	if err != nil || resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Encoding") != "" {
-		return resp, err
-	}
-	answer, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		return nil, err
-	}
-	var real tetherv1.AckResponse
-	if err := proto.Unmarshal(answer, &real); err != nil {
-		return nil, err
-	}
-	if real.Lease != nil {
-		real.Lease.LeaseDuration = p.duration
-	}
-	if answer, err = proto.Marshal(&real); err != nil {
-		return nil, err
-	}
-	resp.Body = io.NopCloser(bytes.NewReader(answer))
-	resp.ContentLength = int64(len(answer))
-	resp.Header.Set("Content-Length", strconv.Itoa(len(answer)))
-	return resp, nil
+	return relayForgedAck(p.next, r, func(l *tetherv1.Lease) { l.LeaseDuration = p.duration })
 }
 
 // The answer to the job's ACK with a longer lease duration in it than the

@@ -1,0 +1,43 @@
+package agentsdk_test
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"strconv"
+
+	"google.golang.org/protobuf/proto"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// relayForgedAck is a rogue path's relay of an ACK: it sends r on through
+// next (asking for an answer the path can read) and hands the lease of the
+// real answer to forge, which rewrites it in place; the client gets the
+// forged answer. An answer that is not a plain 200 passes as it came.
+func relayForgedAck(next http.RoundTripper, r *http.Request, forge func(*tetherv1.Lease)) (*http.Response, error) {
+	r.Header.Del("Accept-Encoding") // an answer the path can read
+	resp, err := next.RoundTrip(r)
+	if err != nil || resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Encoding") != "" {
+		return resp, err
+	}
+	answer, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	var real tetherv1.AckResponse
+	if err := proto.Unmarshal(answer, &real); err != nil {
+		return nil, err
+	}
+	if real.Lease != nil {
+		forge(real.Lease)
+	}
+	if answer, err = proto.Marshal(&real); err != nil {
+		return nil, err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(answer))
+	resp.ContentLength = int64(len(answer))
+	resp.Header.Set("Content-Length", strconv.Itoa(len(answer)))
+	return resp, nil
+}
