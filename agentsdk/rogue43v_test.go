@@ -65,12 +65,10 @@ func (p *rogue43VPath) RoundTrip(r *http.Request) (*http.Response, error) {
 	if !renew && !strings.HasSuffix(r.URL.Path, "/CancelAck") {
 		return p.next.RoundTrip(r)
 	}
-	body, err := io.ReadAll(r.Body)
-	r.Body.Close()
+	body, err := peekBody(r)
 	if err != nil {
 		return nil, err
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.Header.Del("Accept-Encoding") // answers the path can read
 	if !renew {
 		var req tetherv1.LeaseServiceCancelAckRequest

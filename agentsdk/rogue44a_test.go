@@ -1,10 +1,8 @@
 package agentsdk_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"io"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -45,12 +43,10 @@ func (p *rogue44APath) RoundTrip(r *http.Request) (*http.Response, error) {
 	if !ack && !renew {
 		return p.next.RoundTrip(r)
 	}
-	body, err := io.ReadAll(r.Body)
-	r.Body.Close()
+	body, err := peekBody(r)
 	if err != nil {
 		return nil, err
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
 	if renew {
 		var req tetherv1.RenewRequest
 		if proto.Unmarshal(body, &req) == nil && req.JobId == p.own {

@@ -11,6 +11,9 @@ import (
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
+// The pieces of a rogue path (an http.RoundTripper in front of a real
+// server) that more than one test uses.
+
 // relayForgedAck is a rogue path's relay of an ACK: it sends r on through
 // next (asking for an answer the path can read) and hands the lease of the
 // real answer to forge, which rewrites it in place; the client gets the
@@ -40,4 +43,16 @@ func relayForgedAck(next http.RoundTripper, r *http.Request, forge func(*tetherv
 	resp.ContentLength = int64(len(answer))
 	resp.Header.Set("Content-Length", strconv.Itoa(len(answer)))
 	return resp, nil
+}
+
+// peekBody reads the body of the request r a rogue path relays and puts
+// it back, for the path to read what the client asked.
+func peekBody(r *http.Request) ([]byte, error) {
+	body, err := io.ReadAll(r.Body)
+	r.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	return body, nil
 }
