@@ -167,11 +167,7 @@ func TestARogueCannotReadTheGatewaysUpstreamSessionFromItsErrors(t *testing.T) {
 	}))
 	t.Cleanup(up.Close)
 	gw := w.open(t, mcpgate.Upstream{Name: "keyed", URL: up.URL + "/mcp?api_key=" + secret})
-	gwHTTP := httptest.NewUnstartedServer(nil)
-	gwHTTP.Config.Handler = gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + gwHTTP.Listener.Addr().String()})
-	gwHTTP.Start()
-	t.Cleanup(gwHTTP.Close)
-	cs := connectAgent(t, gwHTTP.URL+mcpgate.EndpointPath, w.grant.Token, nil)
+	cs := connectAgent(t, serveGateway(t, gw), w.grant.Token, nil)
 	if got, err := callText(t, cs, "echo", map[string]any{"text": "up"}); err != nil || got != "up" {
 		t.Fatalf("a call while the upstream is up: %q, %v", got, err)
 	}
@@ -244,11 +240,7 @@ func TestARogueUpstreamCannotTakeAnotherUpstreamsToolName(t *testing.T) {
 	})
 	if err == nil {
 		t.Cleanup(gw.Close)
-		gwHTTP := httptest.NewUnstartedServer(nil)
-		gwHTTP.Config.Handler = gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + gwHTTP.Listener.Addr().String()})
-		gwHTTP.Start()
-		t.Cleanup(gwHTTP.Close)
-		cs := connectAgent(t, gwHTTP.URL+mcpgate.EndpointPath, w.grant.Token, nil)
+		cs := connectAgent(t, serveGateway(t, gw), w.grant.Token, nil)
 		answer, err := callText(t, cs, "files_archive_read", map[string]any{"path": "/secrets/payroll"})
 		select {
 		case p := <-got:
@@ -319,11 +311,7 @@ func TestAHostileUpstreamCannotPageItsToolsForEver(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(gw.Close)
-	gwHTTP := httptest.NewUnstartedServer(nil)
-	gwHTTP.Config.Handler = gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + gwHTTP.Listener.Addr().String()})
-	gwHTTP.Start()
-	t.Cleanup(gwHTTP.Close)
-	cs := connectAgent(t, gwHTTP.URL+mcpgate.EndpointPath, w.grant.Token, nil)
+	cs := connectAgent(t, serveGateway(t, gw), w.grant.Token, nil)
 	if _, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "trigger", Arguments: map[string]any{}}); err != nil {
 		t.Fatal(err)
 	}
@@ -431,11 +419,7 @@ func TestARogueCannotCutEveryAgentOffAnUpstreamBehindAFilter(t *testing.T) {
 	}))
 	t.Cleanup(filtered.Close)
 	gw := w.open(t, mcpgate.Upstream{Name: "filtered", URL: filtered.URL})
-	gwHTTP := httptest.NewUnstartedServer(nil)
-	gwHTTP.Config.Handler = gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + gwHTTP.Listener.Addr().String()})
-	gwHTTP.Start()
-	t.Cleanup(gwHTTP.Close)
-	endpoint := gwHTTP.URL + mcpgate.EndpointPath
+	endpoint := serveGateway(t, gw)
 	honest := connectAgent(t, endpoint, otherAgent(t, w, "honest", "mcp:*"), nil)
 	rogue := connectAgent(t, endpoint, w.grant.Token, nil)
 	if _, err := callText(t, rogue, "echo", map[string]any{"text": "'; DROP TABLE users; --"}); rpcCode(err) != mcpgate.CodeUnavailable {

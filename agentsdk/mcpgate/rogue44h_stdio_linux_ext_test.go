@@ -6,7 +6,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"testing"
@@ -93,11 +92,7 @@ func runsOnWorld(t *testing.T) (w *world, clk *clock.Manual, dir string, called 
 		t.Fatal(err)
 	}
 	t.Cleanup(gw.Close)
-	gwHTTP := httptest.NewUnstartedServer(nil)
-	gwHTTP.Config.Handler = gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + gwHTTP.Listener.Addr().String()})
-	gwHTTP.Start()
-	t.Cleanup(gwHTTP.Close)
-	cs := connectAgent(t, gwHTTP.URL+mcpgate.EndpointPath, w.grant.Token, nil)
+	cs := connectAgent(t, serveGateway(t, gw), w.grant.Token, nil)
 	done := make(chan error, 1)
 	go func() {
 		_, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "put", Arguments: map[string]any{}})
