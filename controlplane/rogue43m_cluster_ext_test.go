@@ -110,6 +110,16 @@ func startReplicasWith(t *testing.T, n int, opts ...testserver.Option) (replicas
 	return replicas, lead
 }
 
+// lineageShareCluster starts three replicas whose leader admits share
+// connections per lineage, and returns the leader and a follower.
+func lineageShareCluster(t *testing.T, share int) (lead, follower *testserver.Server) {
+	t.Helper()
+	replicas, lead := startReplicasWith(t, 3, func(cfg *controlplane.Config) {
+		cfg.Conn.MaxConnectionsPerLineage = share
+	})
+	return lead, followersOf(replicas, lead)[0]
+}
+
 // A rogue lineage that holds its share of connections to the leader and
 // sends a job-lease call through a follower has that call refused
 // resource_exhausted on the leader — and the follower's connection to the
@@ -123,10 +133,7 @@ func startReplicasWith(t *testing.T, n int, opts ...testserver.Option) (replicas
 // forwarded call alone and keeps the shared connection.
 func TestRogue43MBRogueAtItsShareCannotCloseAFollowersConnection(t *testing.T) {
 	const share = 2
-	replicas, lead := startReplicasWith(t, 3, func(cfg *controlplane.Config) {
-		cfg.Conn.MaxConnectionsPerLineage = share
-	})
-	follower := followersOf(replicas, lead)[0]
+	lead, follower := lineageShareCluster(t, share)
 	ctx := context.Background()
 	admin := lead.AdminClients()
 	honest := register(t, admin, "honest")

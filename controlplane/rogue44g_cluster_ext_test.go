@@ -7,7 +7,6 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -25,10 +24,7 @@ import (
 // direct one still says its connection is being closed, which it is.
 func TestRogue44GAForwardedRefusalPastTheShareSaysItsConnectionIsKept(t *testing.T) {
 	const share = 2
-	replicas, lead := startReplicasWith(t, 3, func(cfg *controlplane.Config) {
-		cfg.Conn.MaxConnectionsPerLineage = share
-	})
-	follower := followersOf(replicas, lead)[0]
+	lead, follower := lineageShareCluster(t, share)
 	ctx := context.Background()
 	admin := lead.AdminClients()
 	rogue := register(t, admin, "rogue")
