@@ -10,6 +10,7 @@ import socket
 import struct
 import threading
 import time
+import urllib.parse
 from typing import Callable
 
 from tether_agentsdk import Conn
@@ -52,6 +53,26 @@ class QuietHandler(http.server.BaseHTTPRequestHandler):
         data = json.dumps(answer).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def forward(self, upstream: urllib.parse.SplitResult, body: bytes) -> http.client.HTTPConnection:
+        """Sends the request on to upstream, as a path does: its path, its
+        headers (bar the hop-by-hop ones) and body; returns the connection
+        its answer comes on."""
+        up = http.client.HTTPConnection(upstream.hostname, upstream.port, timeout=60)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+        up.request("POST", self.path, body=body, headers=headers)
+        return up
+
+    def answer_whole(self, resp: http.client.HTTPResponse, data: bytes) -> None:
+        """Answers with resp's status and headers (bar the hop-by-hop ones)
+        and data, read whole (and perhaps rewritten), as its body."""
+        self.send_response(resp.status)
+        for k, v in resp.getheaders():
+            if k.lower() not in ("connection", "transfer-encoding", "content-length", "date", "server"):
+                self.send_header(k, v)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)

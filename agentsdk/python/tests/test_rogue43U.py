@@ -21,7 +21,6 @@ flight now opens its stream anew every ``cancel_watch_refresh``.
 
 from __future__ import annotations
 
-import http.client
 import threading
 import urllib.parse
 
@@ -54,9 +53,7 @@ class WithholdingPath(LoopbackPeer):
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                up = http.client.HTTPConnection(peer.upstream.hostname, peer.upstream.port, timeout=60)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
-                up.request("POST", self.path, body=body, headers=headers)
+                up = self.forward(peer.upstream, body)
                 if self.path.endswith("/Renew"):
                     resp = up.getresponse()
                     data = resp.read()
@@ -64,13 +61,7 @@ class WithholdingPath(LoopbackPeer):
                     if resp.status == 401:
                         with peer.lock:
                             peer.refused += 1
-                    self.send_response(resp.status)
-                    for k, v in resp.getheaders():
-                        if k.lower() not in ("connection", "transfer-encoding", "content-length", "date", "server"):
-                            self.send_header(k, v)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
+                    self.answer_whole(resp, data)
                     return
                 self.relay_answer(up)
 
@@ -127,9 +118,7 @@ class StallingPath(LoopbackPeer):
         class Handler(QuietHandler):
             def do_POST(self):
                 body = self.read_body()
-                up = http.client.HTTPConnection(peer.upstream.hostname, peer.upstream.port, timeout=60)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
-                up.request("POST", self.path, body=body, headers=headers)
+                up = self.forward(peer.upstream, body)
                 if not self.path.endswith("/WatchCancels"):
                     self.relay_answer(up)
                     return

@@ -56,9 +56,7 @@ class ForgingPath(LoopbackPeer):
                         up.close()
 
                 if not self.path.endswith("/ListNodes"):
-                    up = http.client.HTTPConnection(peer.upstream.hostname, peer.upstream.port, timeout=60)
-                    up.request("POST", self.path, body=body, headers=headers)
-                    self.relay_answer(up)
+                    self.relay_answer(self.forward(peer.upstream, body))
                     return
                 with peer.lock:
                     peer.calls += 1

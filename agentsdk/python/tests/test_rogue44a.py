@@ -18,7 +18,6 @@ job, is now taken for nothing and stops the job (cause LEASE_LOST, its
 
 from __future__ import annotations
 
-import http.client
 import json
 import threading
 import urllib.parse
@@ -66,9 +65,7 @@ class CrossingPath(LoopbackPeer):
             def do_POST(self):
                 body = self.read_body()
                 method = self.path.rsplit("/", 1)[-1]
-                up = http.client.HTTPConnection(peer.upstream.hostname, peer.upstream.port, timeout=60)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
-                up.request("POST", self.path, body=body, headers=headers)
+                up = self.forward(peer.upstream, body)
                 if "LeaseService" not in self.path:
                     self.relay_answer(up)
                     return
@@ -93,13 +90,7 @@ class CrossingPath(LoopbackPeer):
                                 swapped = peer.swap(method, real, peer.others.get(method))
                                 if swapped is not None:
                                     data = json.dumps(swapped).encode()
-                self.send_response(resp.status)
-                for k, v in resp.getheaders():
-                    if k.lower() not in ("connection", "transfer-encoding", "content-length", "date", "server"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.answer_whole(resp, data)
 
         self.serve(Handler)
 
