@@ -230,14 +230,7 @@ func TestRogue44DJSONOutputCarriesNoTerminalControl(t *testing.T) {
 	})); err != nil {
 		t.Fatal(err)
 	}
-	offered, err := w.admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job-1", HolderIdentity: w.child.Node.NodeId}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := offered.Msg.Lease
-	if _, err := w.rogue.Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration})); err != nil {
-		t.Fatal(err)
-	}
+	l := w.holdJob(t, "job-1")
 	if _, err := w.rogue.Lease.Progress(ctx, connect.NewRequest(&tetherv1.ProgressRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration, ProgressSequence: 1, ProgressValue: rogue44dHostile})); err != nil {
 		t.Fatal(err)
 	}
@@ -309,14 +302,7 @@ func TestRogue44DEvidenceCSVCarriesNoTerminalControl(t *testing.T) {
 	srv := testserver.Start(t)
 	ctx := context.Background()
 	w := startRogueWorld(t, srv)
-	offered, err := w.admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job-1", HolderIdentity: w.child.Node.NodeId}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := offered.Msg.Lease
-	if _, err := w.rogue.Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration})); err != nil {
-		t.Fatal(err)
-	}
+	l := w.holdJob(t, "job-1")
 	const forged = "job-1,l_forged,1,someone-else,…,CANCELLED,ACCEPTED RESOLVED"
 	hostile := "40%\x1b[1A\x1b[2K\r" + forged + "\n" + forged + "\u009b2K"
 	if _, err := w.rogue.Lease.Progress(ctx, connect.NewRequest(&tetherv1.ProgressRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration, ProgressSequence: 1, ProgressValue: hostile})); err != nil {

@@ -36,15 +36,23 @@ func startRogueWorld(t *testing.T, srv *testserver.Server) rogueWorld {
 // holdJobs has the operator offer each job to the rogue, which acknowledges it.
 func (w rogueWorld) holdJobs(t *testing.T, jobs ...string) {
 	t.Helper()
-	ctx := context.Background()
 	for _, job := range jobs {
-		offered, err := w.admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: w.child.Node.NodeId}))
-		if err != nil {
-			t.Fatalf("offer %q: %v", job, err)
-		}
-		l := offered.Msg.Lease
-		if _, err := w.rogue.Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration})); err != nil {
-			t.Fatal(err)
-		}
+		w.holdJob(t, job)
 	}
+}
+
+// holdJob has the operator offer job to the rogue, which acknowledges it,
+// and returns the lease the rogue holds.
+func (w rogueWorld) holdJob(t *testing.T, job string) *tetherv1.Lease {
+	t.Helper()
+	ctx := context.Background()
+	offered, err := w.admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: w.child.Node.NodeId}))
+	if err != nil {
+		t.Fatalf("offer %q: %v", job, err)
+	}
+	l := offered.Msg.Lease
+	if _, err := w.rogue.Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration})); err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
