@@ -29,7 +29,7 @@ type listAnswers struct {
 
 func (l *listAnswers) serve(t *testing.T, api http.Handler) string {
 	t.Helper()
-	ts := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return serveH2C(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !strings.HasSuffix(r.URL.Path, "/ListNodes") {
 			api.ServeHTTP(w, r)
 			return
@@ -65,12 +65,6 @@ func (l *listAnswers) serve(t *testing.T, api http.Handler) string {
 		w.WriteHeader(rec.Code)
 		_, _ = w.Write(body)
 	}))
-	ts.Config.Protocols = new(http.Protocols)
-	ts.Config.Protocols.SetHTTP1(true)
-	ts.Config.Protocols.SetUnencryptedHTTP2(true)
-	ts.Start()
-	t.Cleanup(ts.Close)
-	return ts.URL
 }
 
 func (l *listAnswers) most() (calls, most int) {

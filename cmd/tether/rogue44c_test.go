@@ -46,7 +46,7 @@ func TestRogue44CLeaseEvidenceEndsOnAPathThatCyclesItsPages(t *testing.T) {
 	api := srv.Handler()
 	var calls atomic.Int32
 	var first *tetherv1.EvidenceResponse
-	ts := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	addr := serveH2C(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !strings.HasSuffix(r.URL.Path, "/Evidence") {
 			api.ServeHTTP(w, r)
 			return
@@ -96,17 +96,12 @@ func TestRogue44CLeaseEvidenceEndsOnAPathThatCyclesItsPages(t *testing.T) {
 		w.Header().Set("Content-Type", "application/proto")
 		_, _ = w.Write(b)
 	}))
-	ts.Config.Protocols = new(http.Protocols)
-	ts.Config.Protocols.SetHTTP1(true)
-	ts.Config.Protocols.SetUnencryptedHTTP2(true)
-	ts.Start()
-	t.Cleanup(ts.Close)
 
 	cmd := newRootCommand()
 	var out bytes.Buffer
 	cmd.SetOut(&out)
 	cmd.SetErr(&out)
-	cmd.SetArgs([]string{"--addr", ts.URL, "--token", srv.Admin, "lease", "evidence", "job-44c", "-o", "csv"})
+	cmd.SetArgs([]string{"--addr", addr, "--token", srv.Admin, "lease", "evidence", "job-44c", "-o", "csv"})
 	err = cmd.ExecuteContext(ctx)
 	n := calls.Load()
 	if err == nil || ctx.Err() != nil || n > 3 || !strings.Contains(err.Error(), "already read") {
