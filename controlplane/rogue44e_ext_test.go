@@ -31,21 +31,10 @@ import (
 // P, when P was under no stop, stays the holder's report, not a claim.
 func TestRogue44EAClaimUnderAStopTakenOverStaysAClaim(t *testing.T) {
 	w := newSeedWorld(t)
-	ctx := context.Background()
 	c, p := w.c.Node.NodeId, w.p.Node.NodeId
-	offer := func(job, holder string, agent unary) *tetherv1.Lease {
-		t.Helper()
-		resp, err := w.admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: holder, LeaseDuration: durationpb.New(10 * time.Minute)}))
-		if err != nil {
-			t.Fatalf("offer %s: %v", job, err)
-		}
-		l, d := agent.send(t, ack(resp.Msg.Lease))
-		wantDecision(t, "ack "+job, d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_ACKED)
-		return l
-	}
-	coop := offer("coop", c, unary{w.cAgent})
-	rogue := offer("rogue", c, unary{w.cAgent})
-	parents := offer("parents", p, unary{w.pAgent})
+	coop := w.offerAcked(t, "coop", c, unary{w.cAgent})
+	rogue := w.offerAcked(t, "rogue", c, unary{w.cAgent})
+	parents := w.offerAcked(t, "parents", p, unary{w.pAgent})
 
 	_, d := unary{w.cAgent}.send(t, complete(coop, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS))
 	wantDecision(t, "C's cooperative completion", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_TERMINAL_ACCEPTED)

@@ -42,13 +42,7 @@ func TestSeed8TheRecordSaysOnWhoseWordEachLeaseEnded(t *testing.T) {
 	p := w.p.Node.NodeId
 	jobs := map[string]*tetherv1.Lease{}
 	for _, job := range []string{"coop", "rogue", "by-parent", "by-operator", "left"} {
-		resp, err := w.admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: c, LeaseDuration: durationpb.New(10 * time.Minute)}))
-		if err != nil {
-			t.Fatalf("offer %s: %v", job, err)
-		}
-		l, d := unary{w.cAgent}.send(t, ack(resp.Msg.Lease))
-		wantDecision(t, "ack "+job, d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_ACKED)
-		jobs[job] = l
+		jobs[job] = w.offerAcked(t, job, c, unary{w.cAgent})
 	}
 
 	// Before the stop: C's cooperative result, P's and an operator's

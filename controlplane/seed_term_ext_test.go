@@ -61,6 +61,20 @@ func (w *seedWorld) begin(token string) (string, error) {
 	return resp.Msg.Call.CallId, nil
 }
 
+// offerAcked has the operator offer job to holder on a ten-minute lease
+// and agent, the holder, acknowledge it; it returns the lease the ACK
+// accepted.
+func (w *seedWorld) offerAcked(t *testing.T, job, holder string, agent unary) *tetherv1.Lease {
+	t.Helper()
+	resp, err := w.admin.Lease.Offer(context.Background(), connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: holder, LeaseDuration: durationpb.New(10 * time.Minute)}))
+	if err != nil {
+		t.Fatalf("offer %s: %v", job, err)
+	}
+	l, d := agent.send(t, ack(resp.Msg.Lease))
+	wantDecision(t, "ack "+job, d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_ACKED)
+	return l
+}
+
 // snapshot is what a refused request must leave as it was: the tree, the
 // grants with their states, the privileges, the terminations.
 func (w *seedWorld) snapshot(t *testing.T) string {
