@@ -1,13 +1,9 @@
 package controlplane_test
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
-
-	"connectrpc.com/connect"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -100,14 +96,8 @@ func TestRogue44EAClaimUnderAStopTakenOverStaysAClaim(t *testing.T) {
 // the first drain, is its claim under stop there too.
 func TestRogue44EAClaimUnderARetriedDrainStaysAClaim(t *testing.T) {
 	w := newSeedWorld(t)
-	ctx := context.Background()
 	c := w.c.Node.NodeId
-	resp, err := w.admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "rogue", HolderIdentity: c, LeaseDuration: durationpb.New(10 * time.Minute)}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rogue, d := unary{w.cAgent}.send(t, ack(resp.Msg.Lease))
-	wantDecision(t, "ack rogue", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_ACKED)
+	rogue := w.offerAcked(t, "rogue", c, unary{w.cAgent})
 	if _, err := w.begin(w.gC.token); err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +105,7 @@ func TestRogue44EAClaimUnderARetriedDrainStaysAClaim(t *testing.T) {
 	first := terminate(t, w.admin, c, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Minute, time.Second, time.Minute)
 	waitState(t, w.srv, first.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
 	w.clk.Advance(10 * time.Second)
-	_, d = unary{w.cAgent}.send(t, complete(rogue, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS))
+	_, d := unary{w.cAgent}.send(t, complete(rogue, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS))
 	wantDecision(t, "C's completion while it drains", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_TERMINAL_ACCEPTED)
 
 	w.clk.Advance(10 * time.Second)
