@@ -49,9 +49,9 @@ class QuietHandler(http.server.BaseHTTPRequestHandler):
     def read_body(self) -> bytes:
         return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
-    def answer_json(self, answer: dict) -> None:
+    def answer_json(self, answer: dict, status: int = 200) -> None:
         data = json.dumps(answer).encode()
-        self.send_response(200)
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()

@@ -9,7 +9,6 @@ fractional generation."""
 from __future__ import annotations
 
 import email.message
-import json
 
 import pytest
 
@@ -30,12 +29,7 @@ class InvalidIdPeer(LoopbackPeer):
             def do_POST(self):
                 self.read_body()
                 peer.asked += 1
-                data = json.dumps({"code": "invalid_argument", "message": "job_id is too long"}).encode()
-                self.send_response(400)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.answer_json({"code": "invalid_argument", "message": "job_id is too long"}, 400)
 
         self.serve(Handler)
 

@@ -247,12 +247,7 @@ class _MangledOpenedPeer(LoopbackPeer):
                 named = json.loads(body or b"{}").get("nodeId")
                 method = self.path.rsplit("/", 1)[-1]
                 if named != node_id:
-                    data = json.dumps({"code": "permission_denied", "message": "not your node"}).encode()
-                    self.send_response(403)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
+                    self.answer_json({"code": "permission_denied", "message": "not your node"}, 403)
                     return
                 if method == "Heartbeat":
                     peer.heartbeats += 1

@@ -62,12 +62,7 @@ class ForgingPath(LoopbackPeer):
                     peer.calls += 1
                     n = peer.calls
                 if n > limit:
-                    data = json.dumps({"code": "unavailable", "message": "stopped by the test"}).encode()
-                    self.send_response(503)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
+                    self.answer_json({"code": "unavailable", "message": "stopped by the test"}, 503)
                     return
                 self.answer_json(forge(n, json.loads(body), real))
 
