@@ -2,11 +2,11 @@
 LeaseWorker's ``accept`` on an ACK answer that carries no lease.
 
 A rogue path in front of the real server (a proxy) answers the job's ACK
-with the coordinator's accepted decision and no lease in it. The Go worker
-takes no such job (it has nothing of the coordinator's to run under), the
-TypeScript worker refuses it ("no lease in the answer"); the Python worker
-failed closed too, but with a bare ``KeyError: 'lease'`` from inside the
-SDK, not in its vocabulary: a caller that handles the SDK's refusals
+with the coordinator's accepted decision and no lease in it (or text, or a
+list, where the lease goes). The TypeScript worker refuses it ("no lease
+in the answer"); the Python worker failed closed too, but with a bare
+``KeyError: 'lease'`` (``AttributeError`` for text or a list) from inside
+the SDK, not in its vocabulary: a caller that handles the SDK's refusals
 (``AckRefused``) and lets nothing else through crashed instead. The answer
 is now an ``AckRefused`` saying the answer carried no lease, and no job
 begins.
