@@ -466,7 +466,8 @@ type Job struct {
 // plane refuses because the agent may not act — its node's exit was
 // confirmed, or its credential is dead — an ErrJobEnded carrying that
 // failed_precondition, unauthenticated or permission_denied). A closed worker
-// returns ErrWorkerClosed without acknowledging anything.
+// returns ErrWorkerClosed without acknowledging anything. An ACK refused,
+// or answered with no lease, returns an error and no job.
 func (w *LeaseWorker) Accept(ctx context.Context, offered *tetherv1.Lease, opts JobOptions) (*Job, *tetherv1.Decision, error) {
 	if w.isClosed() {
 		return nil, nil, ErrWorkerClosed
@@ -487,6 +488,13 @@ func (w *LeaseWorker) Accept(ctx context.Context, offered *tetherv1.Lease, opts 
 	}
 	if d.GetOutcome() == tetherv1.Outcome_OUTCOME_REJECTED {
 		return nil, d, fmt.Errorf("agentsdk: ack of job %q refused: %s %s", offered.GetJobId(), d.GetAuditEvent(), d.GetReason())
+	}
+	if l == nil {
+		// An answer with no lease (a path's forged one): nothing of the
+		// coordinator's to run under. Refused, as the TypeScript and
+		// Python workers refuse it; the job began on it, its Lease() nil
+		// (rogue44j test).
+		return nil, d, fmt.Errorf("agentsdk: ack of job %q refused: no lease in the answer", offered.GetJobId())
 	}
 	jctx, cancel := context.WithCancelCause(context.Background())
 	halted, halt := context.WithCancel(context.Background())

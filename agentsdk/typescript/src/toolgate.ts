@@ -168,7 +168,11 @@ export class ToolGate {
     this.#watching = this.#watch();
   }
 
-  /** Resolves once the gate follows its cancel orders. */
+  /**
+   * Resolves once the gate follows its cancel orders: its first
+   * WatchCancels stream is asked for (the control plane sends every
+   * pending order on a stream as it opens).
+   */
   get ready(): Promise<void> {
     return this.#ready;
   }
@@ -200,10 +204,14 @@ export class ToolGate {
       }, this.#refreshMs);
       ticker.unref?.();
       try {
-        const orders = this.conn.tool.watchCancels(
-          { gateId: this.id },
-          { signal: AbortSignal.any([signal, stream.signal]), onHeader: () => this.#markReady() },
-        );
+        const orders = this.conn.tool.watchCancels({ gateId: this.id }, { signal: AbortSignal.any([signal, stream.signal]) });
+        // Ready once the stream is asked for, as the Go gate's Ready: it
+        // resolved once the stream's headers arrived, and a path that
+        // withheld them held a tool server awaiting `ready` for good (an
+        // idle gate keeps its stream). A call begun makes the gate busy,
+        // and a busy gate gives up a stream that carries nothing at the
+        // refresh interval (rogue44J test).
+        this.#markReady();
         for await (const order of orders) this.#cancel(order.callId);
       } catch {
         // reconnect below; a closed gate leaves the loop

@@ -74,6 +74,13 @@ MAX_MESSAGE_BYTES = 16 << 20
 # A bearer token is printable ASCII without spaces (a JWT is base64url and
 # dots).
 _BARE_TOKEN = re.compile(r"[!-~]+\Z")
+# A compact JWS: three segments of base64url characters (no signature
+# checked), as capability.CompactJWS in Go and compactJWS in TypeScript.
+_COMPACT_JWS = re.compile(r"[A-Za-z0-9_-]*\.[A-Za-z0-9_-]*\.[A-Za-z0-9_-]*\Z")
+# The longest token the control plane's parsers take, its credentials' as
+# its capability tokens' (capability.MaxTokenBytes; the verifier's
+# MAX_TOKEN_BYTES).
+MAX_TOKEN_BYTES = 8 << 10
 
 
 class ConnectError(Exception):
@@ -97,6 +104,16 @@ def is_bearer_token(token: object) -> bool:
     printable ASCII without spaces, as a JWT is): what a Conn presents, and
     what an agent takes from an answer carrying a refreshed credential."""
     return isinstance(token, str) and bool(_BARE_TOKEN.match(token))
+
+
+def compact_jws(token: object) -> bool:
+    """Whether token has a compact JWS's shape within MAX_TOKEN_BYTES (no
+    signature checked): the shape of every credential the control plane
+    issues, and the only one an agent takes from an answer carrying a
+    refreshed credential, as the Go (capability.CompactJWS) and TypeScript
+    (compactJWS) agents. A token of any other shape is one the control
+    plane never takes."""
+    return isinstance(token, str) and 0 < len(token) <= MAX_TOKEN_BYTES and bool(_COMPACT_JWS.match(token))
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from . import _wire
-from ._connect import FAILED_PRECONDITION, INTERNAL, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, Retry, close_stream, is_bearer_token
+from ._connect import FAILED_PRECONDITION, INTERNAL, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, Retry, close_stream, compact_jws
 
 log = logging.getLogger("tether_agentsdk")
 
@@ -698,19 +698,25 @@ class Agent:
 
     def _refreshed(self, cred: Any) -> None:
         """Takes the refreshed credential a heartbeat's answer carries, when
-        it is one: a bearer token a header can carry. One of the wrong shape
-        (a proxy's, a hostile peer's) is not taken, the agent's own kept: not
+        it has a credential's shape: a compact JWS within MAX_TOKEN_BYTES,
+        as the Go and TypeScript agents take. One of the wrong shape (a
+        proxy's, a hostile peer's) is not taken, the agent's own kept: not
         text, it failed every later heartbeat and reconnect before they left
         the process, for good, and the agent never heard its stop; text a
         header cannot carry, the SDK refused its own next call
         unauthenticated and aborted the agent itself, as for a dead
-        credential the control plane never refused (rogue41G test). The Go
-        SDK decodes the answer as a typed message."""
+        credential the control plane never refused (rogue41G test). Until
+        the forty-fourth pass any bearer token a header can carry was taken:
+        a character outside a JWS's alphabet, or past the 8 KiB the control
+        plane parses, and the control plane refused the next call
+        unauthenticated, the agent aborting itself; past its 64 KiB of
+        headers, every later heartbeat and reconnect failed there, for good,
+        the agent deaf to its stop (rogue44j test)."""
         token = cred.get("credential") if isinstance(cred, dict) else None
         if not token:
             return
-        if not is_bearer_token(token):
-            log.warning("tether: heartbeat: the answer's refreshed credential is not a bearer token (%s); the agent keeps its own",
+        if not compact_jws(token):
+            log.warning("tether: heartbeat: the answer's refreshed credential is not of a credential's shape (%s); the agent keeps its own",
                         type(token).__name__)
             return
         try:

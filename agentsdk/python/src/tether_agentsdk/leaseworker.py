@@ -337,10 +337,18 @@ class LeaseWorker:
         with self._send_lock:
             self._replay_locked()
             resp = self._send("ack", req)  # an ACK is never spooled: a late ACK is worthless
-        decision = resp.get("decision", {})
+        decision = resp.get("decision")
+        if not isinstance(decision, dict):
+            decision = {}
         if decision.get("outcome") == "OUTCOME_REJECTED":
             raise AckRefused(offered["jobId"], decision)
-        lease = resp["lease"]
+        lease = resp.get("lease")
+        if not isinstance(lease, dict):
+            # An accepted decision with no lease (a path's forged answer):
+            # nothing of the coordinator's to run under. Refused in the
+            # SDK's words, as the TypeScript worker's "no lease in the
+            # answer", not a KeyError from inside the SDK (rogue44j test).
+            raise AckRefused(offered["jobId"], {"reason": "no lease in the answer"})
         job = Job(self, lease if _names_another(lease, offered["jobId"], offered["leaseId"]) is None else offered,
                   on_cancel, offered=offered)
         if not self._track(job):

@@ -223,7 +223,8 @@ class ToolGate(StreamFollower):
 
     def start(self) -> "ToolGate":
         """Starts following the gate's cancel orders (a daemon thread);
-        ``ready`` is set once the stream is open."""
+        ``ready`` is set once the stream is asked for (the control plane
+        sends every pending order on a stream as it opens)."""
         if self._thread is None:
             self._stop.clear()
             self._follow_in_thread(self._watch, f"tether-gate-{self.gate_id}")
@@ -233,25 +234,43 @@ class ToolGate(StreamFollower):
         backoff = 0.1
         while not self._stop.is_set():
             refreshed = threading.Event()
-            try:
-                stream = self.conn.stream("ToolService", "WatchCancels", {"gateId": self.gate_id})
+            done = threading.Event()
+            refresher: threading.Thread | None = None
+
+            def opening(stream: Any) -> None:
+                # Kept, and refreshed while busy, from before it opens: a
+                # path that withholds its headers holds a busy gate a
+                # refresh interval at most, not the connection's timeout
+                # (rogue44j test).
+                nonlocal refresher
                 self._stream = stream
-                self.ready.set()
                 if self._stop.is_set():
-                    stream.close()
-                    return
-                backoff = 0.1
-                done = threading.Event()
+                    stream.close()  # close() came first, and did not see it
                 refresher = threading.Thread(target=self._refresh_while_busy, args=(stream, done, refreshed),
                                              name=f"tether-gate-{self.gate_id}-refresh", daemon=True)
                 refresher.start()
+
+            # Ready once the stream is asked for, as the Go gate's Ready and
+            # the TypeScript gate's ready: it was set once a stream opened,
+            # and a path that withheld its headers held a tool server
+            # waiting on ``ready`` for as long (rogue44j test). A call begun
+            # makes the gate busy, and a busy gate gives up a stream that
+            # carries nothing at the refresh interval.
+            self.ready.set()
+            try:
                 try:
+                    stream = self.conn.stream("ToolService", "WatchCancels", {"gateId": self.gate_id}, opening=opening)
+                    if self._stop.is_set():
+                        stream.close()
+                        return
+                    backoff = 0.1
                     for order in stream:
                         if isinstance(order.get("callId"), str) and order["callId"]:
                             self._order(order["callId"], _clip_reason(order.get("reason", "")))
                 finally:
                     done.set()
-                    refresher.join()
+                    if refresher is not None:
+                        refresher.join()
                 if self._stop.is_set():
                     return
             except ConnectError as e:
