@@ -450,7 +450,6 @@ func (s *Server) buildHandler() error {
 		Now:                s.cfg.Clock.Now,
 		AgentActive:        s.agentActive,
 		Revoked:            s.tokenRevoked,
-		RevokedInStore:     s.tokenRevokedInStore(),
 		RevocationsChanged: s.grants.RevocationsChanged,
 		AgentEnded:         s.agentEnded,
 		Limiter:            &auth.RateLimiter{Rate: s.cfg.RateLimit, Burst: max(s.cfg.RateBurst, 2*s.cfg.RateLimit), Now: s.cfg.Clock.Now},

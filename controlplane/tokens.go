@@ -78,41 +78,6 @@ func (s *Server) tokenRevoked(ctx context.Context, tokenID string) (bool, error)
 	return s.grants.BearerRevoked(ctx, tokenID)
 }
 
-// tokenRevokedInStore is the interceptor's second revocation check of an
-// operator's or a tool server's call, made only with several replicas
-// (nil otherwise): the token's record, read from the store, says whether
-// it was revoked. RevokeToken writes the record (a token revoked by value
-// included) in the transaction that writes the tombstone, and the replica
-// that takes the revocation adds the tombstone to its own set before it
-// answers; every other replica learns of it from its feed's store watch,
-// and served the revoked token until its watch delivered it — a rogue
-// tool server whose token was revoked went on through a replica whose
-// feed was behind (rogue44i test). The read is linearizable: a revocation
-// acknowledged on any replica is seen. It costs one read of one key per
-// such call; an agent's calls are not read here (its credential dies with
-// its node, which a call on etcd reads each time).
-func (s *Server) tokenRevokedInStore() func(ctx context.Context, tokenID string) (bool, error) {
-	if s.router == nil {
-		return nil // one replica: its set has every revocation it acknowledged
-	}
-	return func(ctx context.Context, tokenID string) (bool, error) {
-		var revoked bool
-		err := s.store.View(ctx, func(tx store.ReadTxn) error {
-			info, err := getTokenInfo(tx, tokenID)
-			if errors.Is(err, store.ErrNotFound) {
-				revoked = false
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-			revoked = info.RevokedAt != nil
-			return nil
-		})
-		return revoked, err
-	}
-}
-
 var errAlreadyRevoked = errors.New("token already revoked")
 
 // RevokeToken revokes a minted token (see auth.proto).

@@ -66,14 +66,20 @@ func (s *Service) RevokeBearer(ctx context.Context, tokenID string, expiresAt ti
 // revocation of the bearer token tokenID: a lock-free map lookup, made on
 // every authenticated call. Until the feed's first load (just after
 // start) it waits for it, so a restarted replica never accepts a revoked
-// token it has not read yet; it fails (ErrStopped) if the feed stopped
-// before loading.
+// token it has not read yet; and so it does while the feed's watch has
+// fallen behind the store and the feed rescans (feed.following): a
+// replica whose watch ended behind served, until its rescan, a token
+// another replica had revoked and acknowledged — a rogue tool server, or
+// a leaked operator token, that picked that replica went on working there
+// (rogue44i test). It fails (ErrStopped) if the feed stopped before
+// loading.
 func (s *Service) BearerRevoked(ctx context.Context, tokenID string) (bool, error) {
+	following := s.feed.current()
 	select {
-	case <-s.feed.ready:
+	case <-following:
 	default:
 		select {
-		case <-s.feed.ready:
+		case <-following:
 		case <-s.feed.stopped:
 			return false, fmt.Errorf("%w: the revocation feed is not loaded", ErrStopped)
 		case <-ctx.Done():

@@ -47,14 +47,6 @@ type Interceptor struct {
 	// token or not; an error (the revocations cannot be read yet) refuses
 	// the call as unavailable.
 	Revoked func(ctx context.Context, tokenID string) (bool, error)
-	// RevokedInStore, when set, is consulted on a call (not on a stream's
-	// checks at each revocation) with an operator's or a tool server's
-	// token that Revoked does not find revoked: whether the store, read
-	// as every replica reads it, holds the token's revocation. Revoked is
-	// this replica's tombstone set, which learns of a revocation another
-	// replica took only from its feed's watch; a replica whose feed was
-	// behind served a revoked token until then (rogue44i).
-	RevokedInStore func(ctx context.Context, tokenID string) (bool, error)
 	// RevocationsChanged, when set with Revoked, returns a channel closed
 	// at the next revocation: an open stream of an operator's or a tool
 	// server's token is checked again then, and ends (Unauthenticated)
@@ -378,9 +370,6 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 	}
 	if i.Revoked != nil && p.TokenID != "" {
 		revoked, err := i.Revoked(ctx, p.TokenID)
-		if err == nil && !revoked && i.RevokedInStore != nil && !p.IsAgent() {
-			revoked, err = i.RevokedInStore(ctx, p.TokenID)
-		}
 		if err != nil {
 			return ctx, connect.NewError(connect.CodeUnavailable, fmt.Errorf("auth: cannot check the token's revocation: %w", err))
 		}
