@@ -66,20 +66,16 @@ func (s *Service) RevokeBearer(ctx context.Context, tokenID string, expiresAt ti
 // revocation of the bearer token tokenID: a lock-free map lookup, made on
 // every authenticated call. Until the feed's first load (just after
 // start) it waits for it, so a restarted replica never accepts a revoked
-// token it has not read yet; and so it does while the feed's watch has
-// fallen behind the store and the feed rescans (feed.following): a
-// replica whose watch ended behind served, until its rescan, a token
-// another replica had revoked and acknowledged — a rogue tool server, or
-// a leaked operator token, that picked that replica went on working there
-// (rogue44i test). It fails (ErrStopped) if the feed stopped before
-// loading.
+// token it has not read yet; it fails (ErrStopped) if the feed stopped
+// before loading. While the feed's watch has fallen behind the store and
+// the feed rescans, the set may lack a revocation another replica took:
+// see FeedFollowing.
 func (s *Service) BearerRevoked(ctx context.Context, tokenID string) (bool, error) {
-	following := s.feed.current()
 	select {
-	case <-following:
+	case <-s.feed.ready:
 	default:
 		select {
-		case <-following:
+		case <-s.feed.ready:
 		case <-s.feed.stopped:
 			return false, fmt.Errorf("%w: the revocation feed is not loaded", ErrStopped)
 		case <-ctx.Done():
@@ -88,6 +84,22 @@ func (s *Service) BearerRevoked(ctx context.Context, tokenID string) (bool, erro
 	}
 	_, ok := s.tombstones.Lookup(tokenID)
 	return ok, nil
+}
+
+// FeedFollowing reports whether this replica's feed follows the store:
+// false from the end of a watch that fell behind (store.ErrWatchLagged)
+// to the rescan's load, when the tombstone set may lack revocations the
+// store holds. A caller that must not miss one (the interceptor's check
+// of a bearer token) reads the store meanwhile: a replica whose watch
+// ended behind served, until its rescan, a token another replica had
+// revoked and acknowledged (rogue44i test).
+func (s *Service) FeedFollowing() bool {
+	select {
+	case <-s.feed.current():
+		return true
+	default:
+		return false
+	}
 }
 
 // RevocationsChanged returns a channel closed at this replica's next
