@@ -29,6 +29,7 @@ type laggingStore struct {
 	watches []*lagWatch
 	held    map[string]chan struct{} // opener → closed when its new watches may open
 	failed  map[string]error         // opener → the error its new watches fail with
+	waiting map[string]int           // opener → its new watches waiting on a hold
 }
 
 type lagWatch struct {
@@ -62,6 +63,12 @@ func (s *laggingStore) Watch(ctx context.Context, prefix []byte) (store.Watcher,
 			s.mu.Unlock()
 			return nil, err
 		}
+	}
+	if len(wait) > 0 {
+		if s.waiting == nil {
+			s.waiting = map[string]int{}
+		}
+		s.waiting[opener]++
 	}
 	s.mu.Unlock()
 	for _, ch := range wait {
@@ -158,6 +165,20 @@ func (s *laggingStore) fail(opener string, err error) (heal func()) {
 		delete(s.failed, opener)
 		s.mu.Unlock()
 	}
+}
+
+// holding counts the new watches a function named opener asked for that
+// waited (or wait) on a hold.
+func (s *laggingStore) holding(opener string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for o, k := range s.waiting {
+		if strings.Contains(o, opener) {
+			n += k
+		}
+	}
+	return n
 }
 
 // opened counts the watches a function named opener opened.

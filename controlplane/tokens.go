@@ -73,9 +73,31 @@ func getTokenInfo(tx store.ReadTxn, id string) (*tetherv1.TokenInfo, error) {
 	return info, nil
 }
 
-// tokenRevoked is the interceptor's revocation check.
+// tokenRevoked is the interceptor's revocation check: this replica's
+// tombstone set, and, while its feed does not follow the store (its watch
+// fell behind and it rescans), the token's record too, which RevokeToken
+// marks in the transaction of the tombstone (a token revoked by value
+// included): a replica whose feed watch ended behind served, until its
+// rescan, a token another replica had revoked (rogue44i test). One read
+// of one key per call while the feed rescans; none otherwise.
 func (s *Server) tokenRevoked(ctx context.Context, tokenID string) (bool, error) {
-	return s.grants.BearerRevoked(ctx, tokenID)
+	revoked, err := s.grants.BearerRevoked(ctx, tokenID)
+	if err != nil || revoked || s.grants.FeedFollowing() {
+		return revoked, err
+	}
+	err = s.store.View(ctx, func(tx store.ReadTxn) error {
+		info, err := getTokenInfo(tx, tokenID)
+		if errors.Is(err, store.ErrNotFound) {
+			revoked = false
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		revoked = info.RevokedAt != nil
+		return nil
+	})
+	return revoked, err
 }
 
 var errAlreadyRevoked = errors.New("token already revoked")

@@ -67,7 +67,9 @@ func (s *Service) RevokeBearer(ctx context.Context, tokenID string, expiresAt ti
 // every authenticated call. Until the feed's first load (just after
 // start) it waits for it, so a restarted replica never accepts a revoked
 // token it has not read yet; it fails (ErrStopped) if the feed stopped
-// before loading.
+// before loading. While the feed's watch has fallen behind the store and
+// the feed rescans, the set may lack a revocation another replica took:
+// see FeedFollowing.
 func (s *Service) BearerRevoked(ctx context.Context, tokenID string) (bool, error) {
 	select {
 	case <-s.feed.ready:
@@ -82,6 +84,22 @@ func (s *Service) BearerRevoked(ctx context.Context, tokenID string) (bool, erro
 	}
 	_, ok := s.tombstones.Lookup(tokenID)
 	return ok, nil
+}
+
+// FeedFollowing reports whether this replica's feed follows the store:
+// false from the end of a watch that fell behind (store.ErrWatchLagged)
+// to the rescan's load, when the tombstone set may lack revocations the
+// store holds. A caller that must not miss one (the interceptor's check
+// of a bearer token) reads the store meanwhile: a replica whose watch
+// ended behind served, until its rescan, a token another replica had
+// revoked and acknowledged (rogue44i test).
+func (s *Service) FeedFollowing() bool {
+	select {
+	case <-s.feed.current():
+		return true
+	default:
+		return false
+	}
 }
 
 // RevocationsChanged returns a channel closed at this replica's next

@@ -35,13 +35,37 @@ type feed struct {
 	compacted uint64
 	loaded    bool
 	ready     chan struct{} // closed at the first load
+	// following is closed while the feed follows the store (from each
+	// load on) and replaced by an open one when its watch falls behind,
+	// until the rescan's load: meanwhile the set may lack revocations the
+	// store holds (BearerRevoked waits).
+	following chan struct{}
 	changed   chan struct{} // closed and replaced on every change
 	stopped   chan struct{} // closed when RunFeed returns
 	stopOnce  sync.Once
 }
 
 func newFeed() *feed {
-	return &feed{ready: make(chan struct{}), changed: make(chan struct{}), stopped: make(chan struct{}), lineages: map[string][]capability.Tombstone{}}
+	return &feed{ready: make(chan struct{}), following: make(chan struct{}), changed: make(chan struct{}), stopped: make(chan struct{}), lineages: map[string][]capability.Tombstone{}}
+}
+
+// current returns the channel closed while the feed follows the store.
+func (f *feed) current() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.following
+}
+
+// fallBehind records that the feed's watch ended behind the store: until
+// the next load the feed does not follow it.
+func (f *feed) fallBehind() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	select {
+	case <-f.following:
+		f.following = make(chan struct{})
+	default:
+	}
 }
 
 func (f *feed) stop() { f.stopOnce.Do(func() { close(f.stopped) }) }
@@ -65,6 +89,11 @@ func (f *feed) reset(log []capability.Tombstone, head, compacted uint64) {
 	if !f.loaded {
 		f.loaded = true
 		close(f.ready)
+	}
+	select {
+	case <-f.following:
+	default:
+		close(f.following)
 	}
 	f.notifyLocked()
 }
@@ -233,6 +262,9 @@ func (s *Service) RunFeed(ctx context.Context) error {
 		if !errors.Is(err, store.ErrWatchLagged) {
 			return fmt.Errorf("grantstore: revocation feed: %w", err)
 		}
+		// The set may lack what the watch did not deliver: a bearer
+		// token is not answered from it until the rescan (BearerRevoked).
+		s.feed.fallBehind()
 		s.cfg.Log.Warn("revocation feed watch fell behind; rescanning")
 	}
 }
