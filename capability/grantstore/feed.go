@@ -38,7 +38,7 @@ type feed struct {
 	// following is closed while the feed follows the store (from each
 	// load on) and replaced by an open one when its watch falls behind,
 	// until the rescan's load: meanwhile the set may lack revocations the
-	// store holds (BearerRevoked waits).
+	// store holds (FeedFollowing: a bearer token is checked in the store).
 	following chan struct{}
 	changed   chan struct{} // closed and replaced on every change
 	stopped   chan struct{} // closed when RunFeed returns
