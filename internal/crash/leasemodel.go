@@ -391,6 +391,11 @@ func judge(s LeaseView, in LeaseInput, newLeaseID string) (LeaseView, tetherv1.O
 		return s, rejected
 	case OpRenew:
 		switch {
+		case (s.State == expired || s.State == terminal) && s.RenewSequence != 0 && in.Sequence == s.RenewSequence:
+			// A repeat of the accepted renewal after the end asks for
+			// nothing new: a duplicate, as before the end (lease.Step since
+			// the forty-fourth pass).
+			return s, duplicate
 		case s.State != active, in.Sequence < s.RenewSequence:
 			return s, rejected
 		case in.Sequence == s.RenewSequence:
@@ -403,6 +408,11 @@ func judge(s LeaseView, in LeaseInput, newLeaseID string) (LeaseView, tetherv1.O
 		return s, accepted
 	case OpProgress:
 		switch {
+		case (s.State == expired || s.State == terminal) && s.ProgressSequence != 0 && in.Sequence == s.ProgressSequence && in.Value == s.ProgressValue:
+			// A repeat of the accepted progress after the end reports
+			// nothing new: a duplicate (lease.Step since the forty-second
+			// pass).
+			return s, duplicate
 		case s.State != active, in.Sequence < s.ProgressSequence:
 			return s, rejected
 		case in.Sequence == s.ProgressSequence && in.Value == s.ProgressValue:
