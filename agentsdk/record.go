@@ -67,3 +67,16 @@ func ReadRecordPages(ctx context.Context, c tetherv1connect.SupervisorServiceCli
 	}
 	return rec, next != "", nil
 }
+
+// RanOnAfterCancel reports whether a record's tool call was reported ended
+// by its gate (completed or failed) after the termination ordered its
+// cancel, instead of acknowledging the cancel: the tool was not stopped by
+// the order and did what it did after it. The console's record page lists
+// such calls under Needs attention and `tether record show` prints them
+// "completed after its cancel"; before the forty-third and forty-fourth
+// passes both read them "completed", like a call that ended before the stop
+// (a rogue tool server that let its tool run on through the abort had the
+// record say nothing needed attention).
+func RanOnAfterCancel(c *tetherv1.RecordToolCall) bool {
+	return c.GetCancelRequestedAt() != nil && (c.GetResolution() == tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED || c.GetResolution() == tetherv1.CallResolution_CALL_RESOLUTION_FAILED)
+}

@@ -158,20 +158,10 @@ func countNodes(r *tetherv1.ReconciliationRecord) nodeCounts {
 	return c
 }
 
-// ranOn reports whether a call's gate reported it ended (completed or
-// failed) after the termination ordered its cancel, instead of
-// acknowledging the cancel: the tool was not stopped by the order and did
-// what it did after it. The console's record page lists such calls under
-// Needs attention; the CLI printed them "completed", like a call that
-// ended before the stop.
-func ranOn(c *tetherv1.RecordToolCall) bool {
-	return c.CancelRequestedAt != nil && (c.Resolution == tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED || c.Resolution == tetherv1.CallResolution_CALL_RESOLUTION_FAILED)
-}
-
 func countRanOn(r *tetherv1.ReconciliationRecord) int {
 	n := 0
 	for _, c := range r.ToolCalls {
-		if ranOn(c) {
+		if agentsdk.RanOnAfterCancel(c) {
 			n++
 		}
 	}
@@ -253,7 +243,7 @@ func PrintRecordSummary(w io.Writer, r *tetherv1.ReconciliationRecord) {
 		} else if c.EndedBy != "" {
 			by = ", ended by " + c.EndedBy
 		}
-		if ranOn(c) {
+		if agentsdk.RanOnAfterCancel(c) {
 			res += " after its cancel"
 			by += fmt.Sprintf(", ran on after its cancel (ordered %s, ended %s)", clockTime(c.CancelRequestedAt), clockTime(c.EndedAt))
 		}

@@ -530,7 +530,7 @@ type recordSummary struct {
 	Superseded     int
 	UnresolvedCall int
 	FailedRevokes  int
-	// RanOn: the calls that ran on after their cancel (ranOn).
+	// RanOn: the calls that ran on after their cancel (agentsdk.RanOnAfterCancel).
 	RanOn      int
 	Unresolved int
 	// Partial: the list carried only the record's first entries (a record
@@ -558,7 +558,7 @@ func summarize(rec *tetherv1.ReconciliationRecord) recordSummary {
 		if unresolvedCall(call.Resolution) {
 			sum.UnresolvedCall++
 		}
-		if ranOn(call) {
+		if agentsdk.RanOnAfterCancel(call) {
 			sum.RanOn++
 		}
 	}
@@ -578,14 +578,6 @@ func summarize(rec *tetherv1.ReconciliationRecord) recordSummary {
 // unresolvedCall: a call whose end nobody vouched for.
 func unresolvedCall(r tetherv1.CallResolution) bool {
 	return r == tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED || r == tetherv1.CallResolution_CALL_RESOLUTION_UNSPECIFIED
-}
-
-// ranOn: a call its gate reported ended (completed or failed) after the
-// termination ordered its cancel, instead of acknowledging the cancel. A
-// rogue tool server that lets its tool run on through the abort and then
-// reports it completed had the record page say nothing needs attention.
-func ranOn(c *tetherv1.RecordToolCall) bool {
-	return c.CancelRequestedAt != nil && (c.Resolution == tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED || c.Resolution == tetherv1.CallResolution_CALL_RESOLUTION_FAILED)
 }
 
 type recordsData struct {
@@ -719,7 +711,7 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 		if unresolvedCall(call.Resolution) {
 			d.UnresolvedCalls = append(d.UnresolvedCalls, call)
 		}
-		if ranOn(call) {
+		if agentsdk.RanOnAfterCancel(call) {
 			d.RanOn = append(d.RanOn, call)
 		}
 	}
