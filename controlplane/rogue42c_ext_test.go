@@ -106,8 +106,10 @@ func TestRogue42CMakingAnOperatorsDrainRuleTrueWinsTheWorkerNoTime(t *testing.T)
 	clk.Advance(2 * time.Second) // past the planner's second, well before the policy's 30 s
 	var state tetherv1.TerminationState
 	testserver.WaitFor(t, 20*time.Second, "the policy's drain to escalate at the planner's deadline, not its own", func() bool {
+		// Past draining: a stop that took the worker over can still read
+		// REQUESTED while its mark finishes, before it drains.
 		state = getTermination(t, admin, p.TerminationId).State
-		return state != tetherv1.TerminationState_TERMINATION_STATE_DRAINING
+		return state != tetherv1.TerminationState_TERMINATION_STATE_REQUESTED && state != tetherv1.TerminationState_TERMINATION_STATE_DRAINING
 	})
 	if _, err := gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: call, GateId: "gate-1"})); err != nil {
 		t.Fatalf("the gate acknowledging the cancel of the worker's call once the planner's second was up (the policy's stop %s): %v", state, err)
