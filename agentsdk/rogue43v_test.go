@@ -128,7 +128,11 @@ func (p *rogue43VPath) RoundTrip(r *http.Request) (*http.Response, error) {
 // forgeAckAnswer relays an ACK and puts leaseID in the lease of its
 // answer.
 func (p *rogue43VPath) forgeAckAnswer(r *http.Request, leaseID string) (*http.Response, error) {
-	return relayForgedAck(p.next, r, func(l *tetherv1.Lease) { l.LeaseId = leaseID })
+	return relayForgedAck(p.next, r, func(a *tetherv1.AckResponse) {
+		if a.Lease != nil {
+			a.Lease.LeaseId = leaseID
+		}
+	})
 }
 
 // rogue43VWorld is a child agent holding two jobs of generation 1 on the

@@ -58,7 +58,11 @@ func (p *rogue44APath) RoundTrip(r *http.Request) (*http.Response, error) {
 	if err := proto.Unmarshal(body, &req); err != nil || req.JobId != p.own {
 		return p.next.RoundTrip(r)
 	}
-	return relayForgedAck(p.next, r, func(l *tetherv1.Lease) { l.LeaseDuration = p.duration })
+	return relayForgedAck(p.next, r, func(a *tetherv1.AckResponse) {
+		if a.Lease != nil {
+			a.Lease.LeaseDuration = p.duration
+		}
+	})
 }
 
 // The answer to the job's ACK with a longer lease duration in it than the

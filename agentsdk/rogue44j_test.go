@@ -1,11 +1,8 @@
 package agentsdk_test
 
 import (
-	"bytes"
 	"context"
-	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -36,38 +33,15 @@ func (p *rogue44JPath) RoundTrip(r *http.Request) (*http.Response, error) {
 	if !strings.HasSuffix(r.URL.Path, "/Ack") {
 		return p.next.RoundTrip(r)
 	}
-	body, err := io.ReadAll(r.Body)
-	r.Body.Close()
+	body, err := peekBody(r)
 	if err != nil {
 		return nil, err
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
 	var req tetherv1.AckRequest
 	if err := proto.Unmarshal(body, &req); err != nil || req.JobId != p.own {
 		return p.next.RoundTrip(r)
 	}
-	r.Header.Del("Accept-Encoding") // an answer the path can read
-	resp, err := p.next.RoundTrip(r)
-	if err != nil || resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Encoding") != "" {
-		return resp, err
-	}
-	answer, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		return nil, err
-	}
-	var real tetherv1.AckResponse
-	if err := proto.Unmarshal(answer, &real); err != nil {
-		return nil, err
-	}
-	real.Lease = nil
-	if answer, err = proto.Marshal(&real); err != nil {
-		return nil, err
-	}
-	resp.Body = io.NopCloser(bytes.NewReader(answer))
-	resp.ContentLength = int64(len(answer))
-	resp.Header.Set("Content-Length", strconv.Itoa(len(answer)))
-	return resp, nil
+	return relayForgedAck(p.next, r, func(a *tetherv1.AckResponse) { a.Lease = nil })
 }
 
 func TestRogue44JAckAnswerWithoutALeaseIsRefused(t *testing.T) {

@@ -15,10 +15,10 @@ import (
 // server) that more than one test uses.
 
 // relayForgedAck is a rogue path's relay of an ACK: it sends r on through
-// next (asking for an answer the path can read) and hands the lease of the
-// real answer to forge, which rewrites it in place; the client gets the
-// forged answer. An answer that is not a plain 200 passes as it came.
-func relayForgedAck(next http.RoundTripper, r *http.Request, forge func(*tetherv1.Lease)) (*http.Response, error) {
+// next (asking for an answer the path can read) and hands the real answer
+// to forge, which rewrites it in place; the client gets the forged answer.
+// An answer that is not a plain 200 passes as it came.
+func relayForgedAck(next http.RoundTripper, r *http.Request, forge func(*tetherv1.AckResponse)) (*http.Response, error) {
 	r.Header.Del("Accept-Encoding") // an answer the path can read
 	resp, err := next.RoundTrip(r)
 	if err != nil || resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Encoding") != "" {
@@ -33,9 +33,7 @@ func relayForgedAck(next http.RoundTripper, r *http.Request, forge func(*tetherv
 	if err := proto.Unmarshal(answer, &real); err != nil {
 		return nil, err
 	}
-	if real.Lease != nil {
-		forge(real.Lease)
-	}
+	forge(&real)
 	if answer, err = proto.Marshal(&real); err != nil {
 		return nil, err
 	}
