@@ -442,14 +442,19 @@ func (j *judge) renew(m Renew) Decision {
 		return d
 	}
 	l := &j.l
-	if (l.State == StateExpired || l.State == StateTerminal) && l.RenewSequence != 0 && m.RenewSequence == l.RenewSequence {
-		// A repeat of the accepted renewal (a retransmission, or a stream
-		// that reordered the copy past the end) asks for nothing new: a
-		// duplicate, as it is before the end (seed §11, §15), never a
-		// holder asking to extend authority after its job ended.
+	if (l.State == StateExpired || l.State == StateTerminal) && l.RenewSequence != 0 && m.RenewSequence <= l.RenewSequence {
+		// A repeat of the accepted renewal, or one behind it (a
+		// retransmission, or a stream that reordered the message past
+		// the end), asks for nothing new: a duplicate or a stale renew,
+		// as it is before the end (seed §6, §11, §15), never a holder
+		// asking to extend authority after its job ended.
 		ended := j.current()
 		if l.State == StateTerminal {
 			ended = fmt.Sprintf("the job is terminal as %s since %s", l.TerminalResult, ts(l.TerminalAt))
+		}
+		if m.RenewSequence < l.RenewSequence {
+			return reject(EventStaleRenew, ErrStaleSequence,
+				"%s is behind the accepted renew sequence %d (of %s); %s; nothing changed, an ended generation is never extended", describe(m), l.RenewSequence, ts(l.RenewTime), ended)
 		}
 		return duplicate(EventDuplicateRenew, "%s repeats the accepted renew of %s; %s; nothing changed, an ended generation is never extended", describe(m), ts(l.RenewTime), ended)
 	}
