@@ -65,11 +65,16 @@ type selectors struct{ from, to map[string]string }
 type nodeFacts struct {
 	state       tree.NodeState
 	termination string
-	readyAt     time.Time
+	ready       bool
+	readyAt     int64 // Unix nanoseconds: compared as a number, whatever the location decoded
 }
 
 func factsOf(n *tree.Node) nodeFacts {
-	return nodeFacts{state: n.State, termination: n.TerminationID, readyAt: n.ReadyAt}
+	f := nodeFacts{state: n.State, termination: n.TerminationID, ready: !n.ReadyAt.IsZero()}
+	if f.ready {
+		f.readyAt = n.ReadyAt.UnixNano()
+	}
+	return f
 }
 
 // movesRollout reports whether a change to node n, whose facts changed,
