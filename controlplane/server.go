@@ -162,7 +162,8 @@ type Config struct {
 	// RolloutFault, when set, is called by the rollout reconciler at
 	// "before-start-batch": after it chose a batch's agents from what it
 	// observed, before the transaction that starts the batch; and at
-	// "before-reassign", before each lease a handover pass reassigns (see
+	// "before-reassign", before each lease a handover pass reassigns; and
+	// at "observe", as each observation of a rollout's facts begins (see
 	// rollout.Rollouts.Fault). Tests only.
 	RolloutFault func(point string)
 	// DisableStopRules runs without stop rules: no per-node counters in

@@ -36,9 +36,11 @@ type Rollouts struct {
 	// Fault, when set, is called at "before-start-batch": after the
 	// reconciler chose a batch's agents from what it observed, before the
 	// transaction that starts the batch; and at "before-reassign": in a
-	// handover pass, before each lease it reassigns. Tests only: it lets a
-	// test act (an agent claiming its exit, a job's coordinator moving a
-	// lease) between the two.
+	// handover pass, before each lease it reassigns; and at "observe": as
+	// each observation of an unfinished rollout's facts begins (a read of
+	// every node). Tests only: it lets a test act (an agent claiming its
+	// exit, a job's coordinator moving a lease) between the two, or count
+	// what a change cost.
 	Fault func(point string)
 
 	loopOnce   sync.Once
@@ -46,9 +48,46 @@ type Rollouts struct {
 
 	activeMu sync.Mutex
 	active   map[string]selectors // unfinished rollouts' selectors
+	// batches: the termination of each unfinished batch of an unfinished
+	// rollout, and that rollout (the only termination changes that move
+	// one); seen: what kickFor last read of each node one of their
+	// selectors matches (nodeFacts), rebuilt from the next write of each
+	// after a rescan.
+	batches map[string]string
+	seen    map[string]nodeFacts
 }
 
 type selectors struct{ from, to map[string]string }
+
+// nodeFacts is what a rollout reads of a node that can change: its state,
+// the termination stopping it, and when it reported ready. A write that
+// changes none of them (a session's heartbeat) moves no rollout.
+type nodeFacts struct {
+	state       tree.NodeState
+	termination string
+	ready       bool
+	readyAt     int64 // Unix nanoseconds: compared as a number, whatever the location decoded
+}
+
+func factsOf(n *tree.Node) nodeFacts {
+	f := nodeFacts{state: n.State, termination: n.TerminationID, ready: !n.ReadyAt.IsZero()}
+	if f.ready {
+		f.readyAt = n.ReadyAt.UnixNano()
+	}
+	return f
+}
+
+// movesRollout reports whether a change to node n, whose facts changed,
+// may move a rollout with selectors sel: a node it may drain (matching
+// from, not to), or a replacement that reported ready (matching to). A
+// node labelled like a replacement that never reported ready is counted
+// by no rollout, whatever it does: any agent may label its children so.
+func movesRollout(n *tree.Node, sel selectors) bool {
+	if tree.MatchLabels(n.Labels, sel.to) {
+		return !n.ReadyAt.IsZero()
+	}
+	return tree.MatchLabels(n.Labels, sel.from)
+}
 
 // loop is the rollout reconciler's loop, built on first use (Kick may
 // come before Run).
@@ -237,15 +276,28 @@ func (rs *Rollouts) track(r Rollout) {
 	rs.activeMu.Lock()
 	defer rs.activeMu.Unlock()
 	if rs.active == nil {
-		rs.active = map[string]selectors{}
+		rs.active, rs.batches = map[string]selectors{}, map[string]string{}
+	}
+	for term, rid := range rs.batches {
+		if rid == r.ID {
+			delete(rs.batches, term)
+		}
 	}
 	if r.Finished() {
 		delete(rs.active, r.ID)
+		if len(rs.active) == 0 {
+			rs.seen = nil
+		}
 		return
 	}
 	from, _ := tree.ParseSelector(r.Selector)
 	to, _ := tree.ParseSelector(r.TargetSelector)
 	rs.active[r.ID] = selectors{from, to}
+	for _, b := range r.Batches {
+		if !b.finished() {
+			rs.batches[b.TerminationID] = r.ID
+		}
+	}
 }
 
 // Run is the level-triggered reconciler (internal/reconcile): it resumes
@@ -262,6 +314,11 @@ func (rs *Rollouts) unfinished(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Every unfinished rollout is reconciled after the scan: what was
+	// seen of the nodes before it is read again from their next writes.
+	rs.activeMu.Lock()
+	rs.seen = nil
+	rs.activeMu.Unlock()
 	var ids []string
 	for _, r := range all {
 		rs.track(r)
@@ -273,8 +330,16 @@ func (rs *Rollouts) unfinished(ctx context.Context) ([]string, error) {
 }
 
 // kickFor kicks the unfinished rollouts a batch of changes may move: a
-// rollout itself, any termination (a batch's), or a node one of their
-// selectors matches (a candidate drained, a replacement ready).
+// rollout itself, the termination of one of its unfinished batches, or a
+// node one of their selectors matches whose state, stop or readiness
+// changed (a candidate drained or exiting, a replacement ready or
+// stopped; movesRollout). Until the forty-fifth hostile pass any
+// termination's write kicked every unfinished rollout, and so did any
+// write of a node either selector matched, a heartbeat or the spawn of a
+// look-alike that never reported ready: each a reconcile that reads every
+// node of the cluster, for as long as a rollout stayed unfinished, at a
+// rogue's request in any tree (rogue45e test
+// TestRogue45EAnotherTreesStopsAndLookAlikesDoNotMakeARolloutReadTheCluster).
 func (rs *Rollouts) kickFor(batch []store.Event, kickKey func(string)) {
 	kick := map[string]bool{}
 	for _, ev := range batch {
@@ -292,7 +357,7 @@ func (rs *Rollouts) kickFor(batch []store.Event, kickKey func(string)) {
 		key := string(ev.Key)
 		switch {
 		case strings.HasPrefix(key, supervisor.TerminationPrefix):
-			for rid := range rs.active {
+			if rid, ok := rs.batches[strings.TrimPrefix(key, supervisor.TerminationPrefix)]; ok {
 				kick[rid] = true
 			}
 		case strings.HasPrefix(key, tree.NodePrefix) && ev.Type == store.EventPut && len(rs.active) > 0:
@@ -303,17 +368,38 @@ func (rs *Rollouts) kickFor(batch []store.Event, kickKey func(string)) {
 			if tree.UnmarshalNode(ev.Value, n) != nil {
 				continue
 			}
-			for rid, sel := range rs.active {
-				if tree.MatchLabels(n.Labels, sel.from) || tree.MatchLabels(n.Labels, sel.to) {
-					kick[rid] = true
-				}
-			}
+			rs.nodeChanged(n, kick)
 		}
 	}
 	rs.activeMu.Unlock()
 	for rid, on := range kick {
 		if on {
 			kickKey(rid)
+		}
+	}
+}
+
+// nodeChanged adds to kick the unfinished rollouts a write of n may move,
+// and remembers what it read of n (rs.activeMu held).
+func (rs *Rollouts) nodeChanged(n *tree.Node, kick map[string]bool) {
+	matched := false
+	for _, sel := range rs.active {
+		matched = matched || tree.MatchLabels(n.Labels, sel.from) || tree.MatchLabels(n.Labels, sel.to)
+	}
+	if !matched {
+		return
+	}
+	facts := factsOf(n)
+	if was, ok := rs.seen[n.NodeID]; ok && was == facts {
+		return
+	}
+	if rs.seen == nil {
+		rs.seen = map[string]nodeFacts{}
+	}
+	rs.seen[n.NodeID] = facts
+	for rid, sel := range rs.active {
+		if movesRollout(n, sel) {
+			kick[rid] = true
 		}
 	}
 }
@@ -896,6 +982,9 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 	f := RolloutFacts{Batches: map[int]BatchFacts{}}
 	if r.Finished() {
 		return f, nil, nil
+	}
+	if rs.Fault != nil {
+		rs.Fault("observe")
 	}
 	from, err := tree.ParseSelector(r.Selector)
 	if err != nil {
