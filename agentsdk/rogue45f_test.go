@@ -31,7 +31,7 @@ import (
 // own call stayed in flight in the ledger, its id unknown to the gate.
 
 // rogue45FPath answers the second BeginCall it relays with the answer to
-// the first (both begun at the control plane).
+// the first, whatever the control plane answered the second.
 type rogue45FPath struct {
 	mu     sync.Mutex
 	first  *tetherv1.BeginCallResponse
@@ -42,20 +42,19 @@ func (p *rogue45FPath) interceptor() connect.UnaryInterceptorFunc {
 	return func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 			resp, err := next(ctx, req)
-			if err != nil || req.Spec().Procedure != tetherv1connect.ToolServiceBeginCallProcedure {
+			if req.Spec().Procedure != tetherv1connect.ToolServiceBeginCallProcedure {
 				return resp, err
 			}
-			real := resp.Any().(*tetherv1.BeginCallResponse)
 			p.mu.Lock()
 			defer p.mu.Unlock()
 			p.begins++
-			switch p.begins {
-			case 1:
-				p.first = proto.Clone(real).(*tetherv1.BeginCallResponse)
-			case 2:
+			switch {
+			case p.begins == 1 && err == nil:
+				p.first = proto.Clone(resp.Any().(*tetherv1.BeginCallResponse)).(*tetherv1.BeginCallResponse)
+			case p.begins == 2 && p.first != nil: // whatever the control plane answered
 				return connect.NewResponse(proto.Clone(p.first).(*tetherv1.BeginCallResponse)), nil
 			}
-			return resp, nil
+			return resp, err
 		}
 	}
 }
@@ -135,5 +134,32 @@ func TestRogue45FGateRefusesABeginCallAnswerNamingAnotherCallInFlight(t *testing
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("call B's tool never heard its cancel")
+	}
+}
+
+// TestRogue45FGateRefusesABeginCallAnswerOfAnotherTool: the path answers a
+// call of the tool "read" with the answer to an earlier call of "shell"
+// (ended: no call the gate has in flight). The gate ran "read" under the
+// "shell" call's id (its EndCall then refused: the call was ended), deaf
+// to the cancel of the call the control plane had begun, if any: a call's
+// answer names its tool, and one naming another is not this call's.
+func TestRogue45FGateRefusesABeginCallAnswerOfAnotherTool(t *testing.T) {
+	ctx := context.Background()
+	w := startShellWorld(t)
+	path := &rogue45FPath{}
+	gate := agentsdk.NewToolGate(agentsdk.Dial(w.operator.BaseURL, w.gateToken, agentsdk.WithHTTPClient(w.operator.HTTP),
+		agentsdk.WithClientOptions(connect.WithInterceptors(path.interceptor()))), "shell-gate")
+	t.Cleanup(gate.Close)
+	<-gate.Ready()
+	if err := gate.Call(ctx, w.rootToken, "shell", func(context.Context) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	ran := 0
+	err := gate.Call(ctx, w.rootToken, "read", func(context.Context) error {
+		ran++ // the side effect
+		return nil
+	})
+	if ran != 0 || connect.CodeOf(err) != connect.CodeInternal {
+		t.Fatalf("a call of read answered with a call of shell: its tool ran %d time(s), Call returned %v; want not run, internal", ran, err)
 	}
 }

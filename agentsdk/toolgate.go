@@ -263,8 +263,15 @@ func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope st
 	callID := ""
 	if err == nil {
 		callID = begin.Msg.GetCall().GetCallId()
-		if callID == "" { // a proxy's, or a hostile peer's answer
+		switch {
+		case callID == "": // a proxy's, or a hostile peer's answer
 			err = connect.NewError(connect.CodeInternal, errors.New("agentsdk: the control plane answered BeginCall without a call"))
+		case begin.Msg.GetCall().GetTool() != tool:
+			// Another call's answer (the control plane records the tool it
+			// is asked for): run under it, the tool was recorded as that
+			// call, whose end was already reported or is another gate's
+			// (rogue45f test).
+			err = connect.NewError(connect.CodeInternal, fmt.Errorf("agentsdk: the control plane answered BeginCall of %q with a call of another tool", clipUTF8(strings.ToValidUTF8(tool, "\uFFFD"), 128)))
 		}
 	}
 	if err != nil {
