@@ -290,6 +290,13 @@ export class ToolGate {
         // A proxy's, or a hostile peer's answer: no call to run or report.
         throw new ConnectError("the control plane answered BeginCall without a call", Code.Internal);
       }
+      if (begin.call?.tool !== tool) {
+        // Another call's answer (the control plane records the tool it is
+        // asked for): run under it, the function was recorded as that
+        // call, whose end was already reported or is another gate's
+        // (rogue45F test).
+        throw new ConnectError(`the control plane answered BeginCall of ${JSON.stringify(tool.slice(0, 128))} with a call of another tool`, Code.Internal);
+      }
       if (this.#inflight.has(callId)) {
         // An answer naming a call this gate has in flight: the control
         // plane begins each call under an id of its own, so it is another

@@ -22,6 +22,30 @@ after(async () => {
   await server?.stop();
 });
 
+/**
+ * A gate's connection through a path that answers the second BeginCall it
+ * relays with the answer to the first, whatever the control plane answered
+ * the second; first() is that answer.
+ */
+function crossingPath(token: string): ReturnType<typeof dialThrough> & { first: () => BeginCallResponse | undefined } {
+  let first: BeginCallResponse | undefined;
+  let begins = 0;
+  const crossing: Interceptor = (next) => async (req) => {
+    if (req.method.name !== "BeginCall") return next(req);
+    const n = ++begins;
+    try {
+      const res = await next(req);
+      if (n === 1) first = res.message as BeginCallResponse;
+      if (n === 2 && first) return { ...res, message: first } as typeof res;
+      return res;
+    } catch (err) {
+      if (n === 2 && first) return { message: first, header: new Headers(), trailer: new Headers(), stream: false } as never;
+      throw err;
+    }
+  };
+  return { ...dialThrough(server.baseUrl, token, crossing), first: () => first };
+}
+
 describe("rogue45F: a gate takes no BeginCall answer naming another call it has in flight", () => {
   // The gate took any call id it was answered: the second call ran under
   // the first's id, its registration replaced the first's cancel and its
@@ -32,17 +56,7 @@ describe("rogue45F: a gate takes no BeginCall answer naming another call it has 
   test("a crossed BeginCall answer does not run the tool under another call's id", async () => {
     const { agent, grant } = await server.rootAgent("rogue45f");
     const minted = await server.operator.auth.createToken({ toolServer: "gate-rogue45f", ttl: { seconds: 3600n } });
-    let first: BeginCallResponse | undefined;
-    let begins = 0;
-    const crossing: Interceptor = (next) => async (req) => {
-      const res = await next(req);
-      if (req.method.name !== "BeginCall") return res;
-      begins++;
-      if (begins === 1) first = res.message as BeginCallResponse;
-      if (begins === 2) return { ...res, message: first } as typeof res;
-      return res;
-    };
-    const { conn, closeSessions } = dialThrough(server.baseUrl, minted.token, crossing);
+    const { conn, closeSessions, first } = crossingPath(minted.token);
     const gate = new ToolGate(conn, "gate-rogue45f");
     // Ends B's tool when the test ends however it ends (close waits for it).
     const release = new AbortController();
@@ -73,7 +87,7 @@ describe("rogue45F: a gate takes no BeginCall answer naming another call it has 
       assert.ok(outcomeA instanceof ConnectError && outcomeA.code === Code.Internal, `call A ${String(outcomeA)}, want internal`);
 
       // The ledger: B still in flight while its tool runs, and A's own call.
-      const bId = first!.call!.callId;
+      const bId = first()!.call!.callId;
       const open = await server.operator.tool.listCalls({ nodeId: agent.nodeId });
       assert.ok(
         open.calls.some((c) => c.callId === bId) && open.calls.length === 2,
@@ -87,6 +101,36 @@ describe("rogue45F: a gate takes no BeginCall answer naming another call it has 
       assert.ok(b instanceof ToolCallCancelled, `call B ${String(b)}`);
     } finally {
       release.abort();
+      await gate.close();
+      conn.close();
+      closeSessions();
+    }
+  });
+});
+
+describe("rogue45F: a gate takes no BeginCall answer of another tool", () => {
+  // The path answers a call of the tool "read" with the answer to an
+  // earlier call of "write" (ended: no call the gate has in flight). The
+  // gate ran "read" under the "write" call's id: a call's answer names its
+  // tool, and one naming another is not this call's.
+  test("an answer naming another tool does not run the function", async () => {
+    const { grant } = await server.rootAgent("rogue45f-tool", ["tool:write"]);
+    const minted = await server.operator.auth.createToken({ toolServer: "gate-rogue45f-tool", ttl: { seconds: 3600n } });
+    const { conn, closeSessions } = crossingPath(minted.token);
+    const gate = new ToolGate(conn, "gate-rogue45f-tool");
+    try {
+      await gate.ready;
+      assert.equal(await gate.call(grant.token, "write", () => "written"), "written");
+      let ran = 0;
+      const outcome: unknown = await gate
+        .call(grant.token, "read", () => {
+          ran++; // the side effect
+          return "read";
+        })
+        .then((v) => `resolved ${v}`, (err: unknown) => err);
+      assert.equal(ran, 0, `a call of read answered with a call of write: its function ran ${ran} time(s), the call ${String(outcome)}`);
+      assert.ok(outcome instanceof ConnectError && outcome.code === Code.Internal, `the call ${String(outcome)}, want internal`);
+    } finally {
       await gate.close();
       conn.close();
       closeSessions();
