@@ -27,7 +27,7 @@ from tether_agentsdk import Conn, ConnectError, ToolCallCancelled, ToolGate
 
 class _CrossingPath(Conn):
     """The gate's path: it answers the second BeginCall it relays with the
-    answer to the first (both begun at the control plane)."""
+    answer to the first, whatever the control plane answered the second."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -36,15 +36,21 @@ class _CrossingPath(Conn):
         self._mu = threading.Lock()
 
     def call(self, service, method, request=None, **kwargs):
-        answer = super().call(service, method, request, **kwargs)
         if method != "BeginCall":
-            return answer
+            return super().call(service, method, request, **kwargs)
         with self._mu:
             self.begins += 1
-            if self.begins == 1:
-                self.first = answer
-            elif self.begins == 2:
+            n = self.begins
+        try:
+            answer = super().call(service, method, request, **kwargs)
+        except ConnectError:
+            if n == 2 and self.first is not None:  # whatever the control plane answered
                 return self.first
+            raise
+        if n == 1:
+            self.first = answer
+        elif n == 2:
+            return self.first
         return answer
 
 
@@ -109,4 +115,32 @@ def test_rogue45f_a_crossed_begin_call_answer_does_not_run_the_block_under_anoth
     finally:
         release.set()
         b.join(20)
+        gate.close()
+
+
+def test_rogue45f_a_begin_call_answer_of_another_tool_does_not_run_the_block(server, tree):
+    # The path answers a call of the tool "read" with the answer to an
+    # earlier call of "write" (ended: no call the gate has in flight). The
+    # gate ran "read" under the "write" call's id: a call's answer names its
+    # tool, and one naming another is not this call's.
+    child = tree.root.spawn("rogue45f-tool")
+    grant = tree.root.delegate(tree.root_grant_id, child.node_id, ["tool:write"], ttl=600)
+    name = "pytest-gate-rogue45f-tool-" + uuid.uuid4().hex[:6]
+    minted = server.tool_server(name)
+    conn = _CrossingPath(minted.base_url, minted.token, retry=minted.retry)
+    gate = ToolGate(conn, name).start()
+    try:
+        assert gate.ready.wait(10), "the gate's cancel orders stream did not open"
+        with gate.call(grant.token, "write"):
+            pass
+        ran: list[str] = []
+        try:
+            with gate.call(grant.token, "read"):
+                ran.append("read")  # the side effect
+            outcome: object = "returned"
+        except ConnectError as e:
+            outcome = e
+        assert ran == [], f"a call of read answered with a call of write: its block ran {len(ran)} time(s), the call {outcome}"
+        assert isinstance(outcome, ConnectError) and outcome.code == "internal", f"the call: {outcome}"
+    finally:
         gate.close()

@@ -381,6 +381,12 @@ class ToolGate(StreamFollower):
             if not isinstance(record, dict) or not isinstance(record.get("callId"), str) or not record["callId"]:
                 # A proxy's, or a hostile peer's answer: no call to run or report.
                 raise ConnectError(INTERNAL, "the control plane answered BeginCall without a call")
+            if record.get("tool") != tool:
+                # Another call's answer (the control plane records the tool
+                # it is asked for): run under it, the block was recorded as
+                # that call, whose end was already reported or is another
+                # gate's (rogue45f test).
+                raise ConnectError(INTERNAL, f"the control plane answered BeginCall of {tool[:128]!r} with a call of another tool")
             call = GateCall(self, record)
         except BaseException:
             with self._lock:
