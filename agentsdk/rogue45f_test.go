@@ -74,11 +74,14 @@ func TestRogue45FGateRefusesABeginCallAnswerNamingAnotherCallInFlight(t *testing
 	t.Cleanup(gate.Close)
 	<-gate.Ready()
 
-	// Call B: its tool runs until its context ends.
+	// Call B: its tool runs until its context ends (at the latest as the
+	// test ends, its caller leaving).
+	bctx, leave := context.WithCancel(ctx)
+	t.Cleanup(leave)
 	bStarted := make(chan struct{})
 	bDone := make(chan error, 1)
 	go func() {
-		bDone <- gate.Call(ctx, w.rootToken, "shell", func(ctx context.Context) error {
+		bDone <- gate.Call(bctx, w.rootToken, "shell", func(ctx context.Context) error {
 			close(bStarted)
 			<-ctx.Done()
 			return ctx.Err()
