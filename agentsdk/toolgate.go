@@ -263,8 +263,15 @@ func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope st
 	callID := ""
 	if err == nil {
 		callID = begin.Msg.GetCall().GetCallId()
-		if callID == "" { // a proxy's, or a hostile peer's answer
+		switch {
+		case callID == "": // a proxy's, or a hostile peer's answer
 			err = connect.NewError(connect.CodeInternal, errors.New("agentsdk: the control plane answered BeginCall without a call"))
+		case begin.Msg.GetCall().GetTool() != tool:
+			// Another call's answer (the control plane records the tool it
+			// is asked for): run under it, the tool was recorded as that
+			// call, whose end was already reported or is another gate's
+			// (rogue45f test).
+			err = connect.NewError(connect.CodeInternal, fmt.Errorf("agentsdk: the control plane answered BeginCall of %q with a call of another tool", clipUTF8(strings.ToValidUTF8(tool, "\uFFFD"), 128)))
 		}
 	}
 	if err != nil {
@@ -276,6 +283,21 @@ func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope st
 	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, gateCallKey{}, gateCall{id: callID, node: begin.Msg.GetCall().GetNodeId()}))
 	defer cancel(nil)
 	g.mu.Lock()
+	if _, taken := g.inflight[callID]; taken {
+		// An answer naming a call this gate has in flight: the control
+		// plane begins each call under an id of its own, so it is another
+		// call's answer (a path that replays or crosses answers). Run
+		// under it, the tool's registration replaced the other call's
+		// cancel and its end removed it, and its EndCall recorded the other
+		// call ended while that call's tool ran on, deaf to its cancel
+		// (rogue45f test). The tool is not run and nothing is reported: the
+		// call this answer should have named is unknown to the gate, and
+		// stays in flight in the ledger (a termination records it
+		// unacknowledged), as a call whose answer a path withholds.
+		g.settled(n)
+		g.mu.Unlock()
+		return connect.NewError(connect.CodeInternal, fmt.Errorf("agentsdk: the control plane answered BeginCall with call %q, which this gate has in flight", clipUTF8(strings.ToValidUTF8(callID, "\uFFFD"), maxCallIDBytes)))
+	}
 	g.inflight[callID] = cancel
 	_, early := g.orders[callID]
 	delete(g.orders, callID)

@@ -290,6 +290,25 @@ export class ToolGate {
         // A proxy's, or a hostile peer's answer: no call to run or report.
         throw new ConnectError("the control plane answered BeginCall without a call", Code.Internal);
       }
+      if (begin.call?.tool !== tool) {
+        // Another call's answer (the control plane records the tool it is
+        // asked for): run under it, the function was recorded as that
+        // call, whose end was already reported or is another gate's
+        // (rogue45F test).
+        throw new ConnectError(`the control plane answered BeginCall of ${JSON.stringify(tool.slice(0, 128))} with a call of another tool`, Code.Internal);
+      }
+      if (this.#inflight.has(callId)) {
+        // An answer naming a call this gate has in flight: the control
+        // plane begins each call under an id of its own, so it is another
+        // call's answer (a path that replays or crosses answers). Run under
+        // it, the function's registration replaced the other call's abort
+        // and its end removed it, and its EndCall recorded the other call
+        // ended while that call's tool ran on, deaf to its cancel (rogue45F
+        // test). The function is not run and nothing is reported: the call
+        // this answer should have named is unknown to the gate and stays in
+        // flight in the ledger, as a call whose answer a path withholds.
+        throw new ConnectError(`the control plane answered BeginCall with call ${Buffer.byteLength(callId, "utf8") <= maxCallIdBytes ? JSON.stringify(callId) : "(an id past 256 bytes)"}, which this gate has in flight`, Code.Internal);
+      }
       this.#inflight.set(callId, cancel);
       if (this.#early.delete(callId)) cancel.abort(new ToolCallCancelled(callId));
     } finally {

@@ -119,6 +119,15 @@ MAX_EARLY_ORDERS = 1024
 # 16 MiB each) is for no call this gate could begin.
 _MAX_CALL_ID_BYTES = 256
 
+
+def _clipped_id(call_id: str) -> str:
+    """A call id as an error names it: quoted, or not at all past
+    _MAX_CALL_ID_BYTES (a hostile peer's, up to a message's 16 MiB)."""
+    if len(call_id.encode("utf-8", "replace")) <= _MAX_CALL_ID_BYTES:
+        return repr(call_id)
+    return f"(an id past {_MAX_CALL_ID_BYTES} bytes)"
+
+
 # The most of a cancel order's reason a gate keeps, in UTF-8 bytes: the
 # control plane's reasons are at most 1024 bytes (a termination's), and a
 # hostile peer's (up to a message's 16 MiB, held for each of up to
@@ -372,6 +381,12 @@ class ToolGate(StreamFollower):
             if not isinstance(record, dict) or not isinstance(record.get("callId"), str) or not record["callId"]:
                 # A proxy's, or a hostile peer's answer: no call to run or report.
                 raise ConnectError(INTERNAL, "the control plane answered BeginCall without a call")
+            if record.get("tool") != tool:
+                # Another call's answer (the control plane records the tool
+                # it is asked for): run under it, the block was recorded as
+                # that call, whose end was already reported or is another
+                # gate's (rogue45f test).
+                raise ConnectError(INTERNAL, f"the control plane answered BeginCall of {tool[:128]!r} with a call of another tool")
             call = GateCall(self, record)
         except BaseException:
             with self._lock:
@@ -383,6 +398,21 @@ class ToolGate(StreamFollower):
 
     def _register(self, call: GateCall) -> None:
         with self._lock:
+            if call.call_id in self._inflight:
+                # An answer naming a call this gate has in flight: the
+                # control plane begins each call under an id of its own, so
+                # it is another call's answer (a path that replays or
+                # crosses answers). Run under it, the block's registration
+                # replaced the other call and its end removed it, and its
+                # EndCall recorded the other call ended while that call's
+                # block ran on, deaf to its cancel (rogue45f test). The block
+                # is not run and nothing is reported: the call this answer
+                # should have named is unknown to the gate and stays in
+                # flight in the ledger, as a call whose answer a path
+                # withholds. The Go and TypeScript gates the same.
+                self._settled(call._begin_n)
+                raise ConnectError(INTERNAL, f"the control plane answered BeginCall with call {_clipped_id(call.call_id)}, "
+                                             "which this gate has in flight")
             self._inflight[call.call_id] = call
             early = self._orders.pop(call.call_id, None)
             if early is not None:
@@ -427,9 +457,13 @@ class ToolGate(StreamFollower):
         self.conn.call("ToolService", "EndCall", req, timeout=self._call_timeout())
 
     def _end_abandoned(self, call: GateCall) -> None:
-        """Ends a call whose caller was cancelled while it began."""
+        """Ends a call whose caller was cancelled while it began (not one
+        whose answer named a call this gate has in flight: that call is
+        another's, _register)."""
         with self._lock:
             self._settled(call._begin_n)
+            if call.call_id in self._inflight:
+                return
         try:
             self._finish(call, asyncio.CancelledError("the caller left before the tool ran"), ack_if_ordered=True)
         except ConnectError as e:
