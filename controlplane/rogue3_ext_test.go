@@ -65,8 +65,11 @@ func TestARogueThatDrainsItsChildForADayDoesNotStallAnOperatorsDrain(t *testing.
 // acknowledged, then the operator drains the parent with a second for
 // everything. The child stays aborting (a node never goes back to
 // draining) but is the operator's now, on the operator's deadlines: the
-// operator's termination ends once its own second has passed, the call
-// cancel_unacknowledged, and the agent's ends superseded.
+// operator's drain waits for the cancel it carries its second, escalates,
+// waits its second for the acknowledgement and ends, the call
+// cancel_unacknowledged, and the agent's ends superseded. (Until the
+// forty-fifth pass the drain did not wait for the cancel it carried at
+// all: rogue45d tests.)
 func TestARogueThatAbortsItsChildWithADayToAckDoesNotStallAnOperatorsDrain(t *testing.T) {
 	w := newComposeWorld(t)
 	childCall := w.beginCall(t, w.child.Node.NodeId)
@@ -79,9 +82,13 @@ func TestARogueThatAbortsItsChildWithADayToAckDoesNotStallAnOperatorsDrain(t *te
 	if n := w.node(t, w.child.Node.NodeId); n.TerminationId != outer.TerminationId || n.State != tetherv1.NodeState_NODE_STATE_ABORTING {
 		t.Fatalf("the child is %s under %s, want aborting under the operator's %s", n.State, n.TerminationId, outer.TerminationId)
 	}
-	for range 3 { // the drain window, the cancel-ack timeout, the confirm timeout: a second each
-		w.clk.Advance(2 * time.Second)
-	}
+	// The drain window, the cancel-ack timeout, the confirm timeout: a
+	// second each.
+	w.clk.Advance(2 * time.Second)
+	waitState(t, w.srv, outer.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_ABORTING)
+	w.clk.Advance(2 * time.Second)
+	waitState(t, w.srv, outer.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	w.clk.Advance(2 * time.Second)
 	waitState(t, w.srv, outer.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 	if got := callIDs(record(t, w.admin, outer.TerminationId))[childCall]; got != tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED {
 		t.Fatalf("the child's call in the operator's record: %v, want cancel_unacknowledged", got)

@@ -92,12 +92,13 @@ func waitState(t *testing.T, srv *testserver.Server, id string, state tetherv1.T
 		}
 		return reached()
 	})
-	if state == tetherv1.TerminationState_TERMINATION_STATE_DRAINING && (last.Phase != supervisor.PhaseDraining || last.Progress.CallsInFlight == 0) {
-		// Only a call in flight holds a drain open: with none it ends in
-		// the next pass, so a wait for DRAINING would pass only when its
-		// poll came first (on a loaded machine, seldom). A test that
-		// waits for DRAINING holds the drain open with a call of its own;
-		// one that does not is told so at once, not after a timeout.
+	if state == tetherv1.TerminationState_TERMINATION_STATE_DRAINING && (last.Phase != supervisor.PhaseDraining || last.Progress.CallsInFlight == 0 && last.Progress.CancelsPending == 0) {
+		// Only a call in flight (or one it carries with a cancel order
+		// unanswered) holds a drain open: with none it ends in the next
+		// pass, so a wait for DRAINING would pass only when its poll came
+		// first (on a loaded machine, seldom). A test that waits for
+		// DRAINING holds the drain open with a call of its own; one that
+		// does not is told so at once, not after a timeout.
 		t.Fatalf("termination %s, awaited draining, is %s with %d call(s) in flight: nothing held the drain open (begin a call before the stop, or wait for what the test needs)", id, last.Phase, last.Progress.CallsInFlight)
 	}
 	if state == tetherv1.TerminationState_TERMINATION_STATE_RECONCILING {

@@ -1184,11 +1184,16 @@ func (c *markChunk) discover(n *tree.Node) error {
 			if err := ledger.RequestCancelIn(tx, call, t.ID, c.now); err != nil {
 				return err
 			}
-			t.Progress.CancelsPending++ // shown at once, before the next observation
 		}
-		if call.State == ledger.CallStateInFlight {
+		// Each shown at once, before the next observation: a cancel
+		// ordered now, or with the node taken over, holds a drain open as
+		// a call in flight does (Next).
+		switch call.State {
+		case ledger.CallStateCancelRequested:
+			t.Progress.CancelsPending++
+		case ledger.CallStateInFlight:
 			t.CancelsOrderedAtMark = false // the cancel step orders it
-			t.Progress.CallsInFlight++     // shown at once, before the next observation
+			t.Progress.CallsInFlight++
 		}
 	}
 	return nil

@@ -135,9 +135,9 @@ func closeUnacknowledged(tx store.Txn, terminationID string, c *ledger.ToolCall,
 
 // CancelAckWindow is the ledger's AckWindow: a cancel acknowledgement
 // counts only while the termination that ordered it still waits for it,
-// before its acknowledgement deadline and while it is aborting (draining,
-// it has ordered no cancel of its own; taken-over calls it carries wait
-// with the rest). Past that the termination has gone on, or goes on at
+// before its acknowledgement deadline and while it is aborting, or while
+// it is draining (a drain waits for every call it carries, those with a
+// cancel order too: a node it took over aborting, Next). Past that the termination has gone on, or goes on at
 // its next pass, to revoke, and its record closes the call
 // cancel_unacknowledged (recordCalls): the error says so.
 //

@@ -643,7 +643,16 @@ func Next(t Termination, p Progress, now time.Time) (action Action, wake time.Ti
 	case PhaseRequested:
 		return ActMark, time.Time{}
 	case PhaseDraining:
-		if p.CallsInFlight == 0 {
+		// A drain waits, up to its window, for every call it accounts
+		// for: those in flight and those with a cancel order (a node it
+		// took over aborting keeps aborting, and its calls their orders,
+		// moved with the node or written by the mark). Until the
+		// forty-fifth pass only a call with no order held it open: a rogue
+		// that aborted its own child first had its operator's drain end
+		// at once, its calls closed cancel_unacknowledged and the gate's
+		// word a second later refused (rogue45d test
+		// TestRogue45DAnOwnAbortDoesNotStripTheOperatorsDrainOfItsWait).
+		if p.CallsInFlight == 0 && p.CancelsPending == 0 {
 			return ActEndDrain, time.Time{}
 		}
 		if !now.Before(t.DrainDeadline) {
