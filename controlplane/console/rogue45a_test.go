@@ -1,0 +1,168 @@
+package console_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/chromedp/chromedp"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// The forty-fifth hostile pass on the console (letter A): a rogue agent
+// that serves a web page on the console's site (another port of the same
+// host, or another host of the same registrable domain: agent-7.corp.example
+// beside tether.corp.example) and gets the operator to open it ("my report:
+// http://…"). The session cookie is SameSite=Strict, which a browser sends
+// with every request of a same-site page, subresources included, and
+// CrossOriginProtection guards the console's POSTs only: every GET page
+// the rogue's page had the browser ask for (an image, a frame, a fetch, an
+// event stream) was served in the operator's session, each of its API
+// calls charged to the operator's rate budget — a tree page is up to
+// forty listings — so that the operator's own stop of the rogue was
+// refused resource_exhausted.
+
+// rogue45AWorld is a control plane whose rate budgets never refill (a
+// manual clock, never moved): each operator has rogue45ABurst requests in
+// all. It holds one root, "rogue", with a child, and an operator's token.
+const rogue45ABurst = 60
+
+func rogue45AWorld(t *testing.T) (srv *testserver.Server, rogue *tetherv1.Node, operator string) {
+	t.Helper()
+	clk := clock.NewManual(time.Date(2026, 3, 2, 9, 30, 0, 0, time.UTC))
+	srv = testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.RateLimit, cfg.RateBurst = 1, rogue45ABurst })
+	ctx := context.Background()
+	admin := srv.AdminClients()
+	root, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "rogue"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Clients(root.Msg.Credential).Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "helper"})); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := admin.Auth.CreateToken(ctx, connect.NewRequest(&tetherv1.CreateTokenRequest{Role: tetherv1.Role_ROLE_OPERATOR, Ttl: durationpb.New(time.Hour), Subject: "alice"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, root.Msg.Node, tok.Msg.Token
+}
+
+// rogue45APages is how many console pages the rogue's page asks for: at
+// about three API calls a tree page, well past the operator's budget.
+const rogue45APages = 40
+
+// TestRogue45ASameSitePageCannotSpendTheOperatorsBudget: in real Chromium,
+// the operator signs in to the console, opens the rogue's page (served
+// from another port of 127.0.0.1: the same site), which asks for forty
+// console tree pages as images, and then goes to stop the rogue from its
+// node page. The rogue's images used to be served in the operator's
+// session and spend its whole budget: the node page's sections and the
+// stop were refused resource_exhausted. Now a request another site's page
+// made (Sec-Fetch-Site same-site or cross-site, other than a top-level
+// navigation) is refused before it reads anything.
+func TestRogue45ASameSitePageCannotSpendTheOperatorsBudget(t *testing.T) {
+	ctx := chrome(t)
+	srv, rogue, operator := rogue45AWorld(t)
+	base := srv.URL
+	evil := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("Content-Type", "text/html; charset=utf-8")
+		fmt.Fprintf(rw, `<!doctype html><title>report</title><p>my report</p><script>
+let left = %d;
+for (let i = 0; i < %d; i++) {
+  const img = new Image();
+  img.onload = img.onerror = () => { if (--left === 0) document.title = "done"; };
+  img.src = %q + "/ui/tree?n=" + i;
+}
+</script>`, rogue45APages, rogue45APages, base)
+	}))
+	t.Cleanup(evil.Close)
+	if !strings.HasPrefix(evil.URL, "http://127.0.0.1:") || !strings.HasPrefix(base, "http://127.0.0.1:") {
+		t.Fatalf("the rogue's page (%s) and the console (%s) are not on the same site", evil.URL, base)
+	}
+
+	signInBrowser(t, ctx, base, operator)
+	run(t, ctx, "the rogue's page loads every console page it asks for",
+		chromedp.Navigate(evil.URL),
+		chromedp.Poll[chromedp.Void](`document.title === "done"`),
+	)
+	run(t, ctx, "the operator stops the rogue from its node page",
+		chromedp.Navigate(base+"/ui/nodes/"+rogue.NodeId),
+		chromedp.WaitVisible(chromedp.CSS("h1")),
+	)
+	if sections := get(t, ctx, "the node page's refused sections", chromedp.Evaluate[string](`[...document.querySelectorAll("p.alert")].map(p => p.textContent).join("\n")`)); sections != "" {
+		t.Fatalf("the operator's node page of the rogue, after the rogue's page: its sections were refused:\n%s", sections)
+	}
+	run(t, ctx, "terminate the rogue",
+		chromedp.WaitVisible(chromedp.CSS("#terminate-form")),
+		chromedp.Click(chromedp.CSS("#mode-abort")),
+		chromedp.Click(chromedp.CSS("#terminate-submit")),
+		chromedp.WaitVisible(chromedp.CSS("#termination, #error-heading")),
+	)
+	if heading := get(t, ctx, "the page after the stop", chromedp.Evaluate[string](`(document.querySelector("#error-heading") || {}).textContent || ""`)); heading != "" {
+		msg := get(t, ctx, "the error", chromedp.Evaluate[string](`document.querySelector("main").innerText`))
+		t.Fatalf("the operator's stop of the rogue, after the rogue's page asked for %d console pages: %s", rogue45APages, msg)
+	}
+}
+
+// TestRogue45ACrossSiteRequestsReadNothing: the same without a browser,
+// every kind of request another site's page can have a browser send (as
+// Fetch Metadata names them), against every page of the console: each is
+// refused 403 and spends none of the operator's budget; the operator's
+// own navigation, its pages' event streams and a link followed from
+// another site still read.
+func TestRogue45ACrossSiteRequestsReadNothing(t *testing.T) {
+	srv, rogue, operator := rogue45AWorld(t)
+	b := newBrowser(t, srv.URL)
+	if p := b.signIn(operator); p.status != http.StatusSeeOther {
+		t.Fatalf("sign-in: %d %s", p.status, p.body)
+	}
+	get := func(path string, h map[string]string) page {
+		t.Helper()
+		req, _ := http.NewRequest("GET", srv.URL+path, nil)
+		for k, v := range h {
+			req.Header.Set(k, v)
+		}
+		return b.do(req)
+	}
+	fetch := func(site, mode, dest string) map[string]string {
+		return map[string]string{"Sec-Fetch-Site": site, "Sec-Fetch-Mode": mode, "Sec-Fetch-Dest": dest}
+	}
+	served := 0
+	for _, site := range []string{"same-site", "cross-site"} {
+		for _, h := range []map[string]string{
+			fetch(site, "no-cors", "image"), fetch(site, "navigate", "iframe"), fetch(site, "cors", "empty"),
+			fetch(site, "no-cors", "script"), fetch(site, "navigate", "embed"), fetch(site, "no-cors", "style"),
+		} {
+			for _, path := range []string{"/ui/tree", "/ui/tree?selector=team%3Dx", "/ui/nodes/" + rogue.NodeId, "/ui/records", "/ui/leases", "/ui/rollouts", "/ui/revocations?before=9"} {
+				if p := get(path, h); p.status != http.StatusForbidden {
+					served++
+					t.Errorf("GET %s with %v: %d, want 403", path, h, p.status)
+				}
+			}
+		}
+	}
+	if served > 0 {
+		t.Errorf("%d requests of another site's page were served in the operator's session", served)
+	}
+	// The operator's own: a navigation from anywhere (a link), and from
+	// the console's pages.
+	for _, h := range []map[string]string{nil, fetch("none", "navigate", "document"), fetch("same-origin", "navigate", "document"), fetch("same-site", "navigate", "document"), fetch("cross-site", "navigate", "document")} {
+		if p := get("/ui/nodes/"+rogue.NodeId, h); p.status != http.StatusOK || strings.Contains(p.body, `class="alert"`) {
+			t.Fatalf("the operator's navigation to the rogue's node page with %v: %d\n%s", h, p.status, p.body)
+		}
+	}
+	// Its budget is whole: the stop is made.
+	if _, err := srv.Clients(operator).Supervisor.Terminate(context.Background(), connect.NewRequest(&tetherv1.TerminateRequest{NodeId: rogue.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT})); err != nil {
+		t.Fatalf("the operator's stop of the rogue after another site's requests: %v", err)
+	}
+}
