@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -164,5 +165,55 @@ func TestRogue45ACrossSiteRequestsReadNothing(t *testing.T) {
 	// Its budget is whole: the stop is made.
 	if _, err := srv.Clients(operator).Supervisor.Terminate(context.Background(), connect.NewRequest(&tetherv1.TerminateRequest{NodeId: rogue.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT})); err != nil {
 		t.Fatalf("the operator's stop of the rogue after another site's requests: %v", err)
+	}
+}
+
+// TestRogue45AALinksTextIsNotTheConsolesHeading: a link to a console page
+// carries the id it asks for, and anyone may make one (a rogue's report,
+// its log lines). The page of an id the server refuses, a node's, a
+// grant's, a termination's, a record's, a rollout's, a job's evidence,
+// the tree within ?root=, named it in its heading and title as it came:
+// "Could not read node n_x" and, on the lines after, "Your session has
+// expired: sign in at evil.example", in the console's own heading, above
+// the server's (quoted, clipped) refusal. The not-found page quoted its
+// path since the eighteenth pass; these pages now quote what is not a
+// Tether id too.
+func TestRogue45AALinksTextIsNotTheConsolesHeading(t *testing.T) {
+	srv, rogue, operator := rogue45AWorld(t)
+	b := newBrowser(t, srv.URL)
+	if p := b.signIn(operator); p.status != http.StatusSeeOther {
+		t.Fatalf("sign-in: %d %s", p.status, p.body)
+	}
+	const lure = "%0A%0AYour%20session%20has%20expired:%20sign%20in%20at%20evil.example"
+	heading := regexp.MustCompile(`(?s)<h1 id="error-heading">(.*?)</h1>`)
+	title := regexp.MustCompile(`(?s)<title>(.*?)</title>`)
+	written := 0
+	for _, path := range []string{
+		"/ui/nodes/n_x" + lure, "/ui/grants/g_x" + lure, "/ui/grants/g_x" + lure + "/revoke", "/ui/terminations/t_x" + lure,
+		"/ui/records/r_x" + lure, "/ui/records/r_x" + lure + "/json", "/ui/rollouts/o_x" + lure, "/ui/jobs/job-1" + lure + "/evidence",
+		"/ui/tree?root=n_x" + lure,
+	} {
+		p := b.get(path)
+		if p.status < 400 {
+			t.Fatalf("GET %s: %d, want a refusal", path, p.status)
+		}
+		h := heading.FindStringSubmatch(p.body)
+		ti := title.FindStringSubmatch(p.body)
+		if h == nil || ti == nil {
+			t.Fatalf("GET %s: no error heading or title:\n%s", path, p.body)
+		}
+		for _, text := range []string{h[1], ti[1]} {
+			if strings.Contains(text, "\n") || !strings.Contains(text, `\n\nYour session has expired: sign in at evil.example&#34;`) {
+				written++
+				t.Errorf("GET %s: the link's text is written as the console's own words: %q", path, text)
+			}
+		}
+	}
+	if written > 0 {
+		t.Errorf("%d headings and titles carried a link's lines as they came", written)
+	}
+	// A real id reads as itself.
+	if p := b.get("/ui/nodes/" + rogue.NodeId); p.status != http.StatusOK || !strings.Contains(title.FindStringSubmatch(p.body)[1], "rogue ("+rogue.NodeId+")") {
+		t.Fatalf("the rogue's node page: %d", p.status)
 	}
 }
