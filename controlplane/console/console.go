@@ -512,6 +512,22 @@ func errorText(err error) string {
 	return err.Error()
 }
 
+// answered checks that an answer carries the object it answers (present),
+// the one asked for (got is its id; asked "" asks for none in particular):
+// the control plane's answers always do, and a page that read a forged
+// one lacking it dereferenced nil, a panic in the control plane's own
+// process, and one carrying another object drew that object's page
+// under the id asked for. Its error is internal, shown as a bad gateway.
+func answered(kind, asked, got string, present bool) error {
+	switch {
+	case !present || got == "":
+		return connect.NewError(connect.CodeInternal, fmt.Errorf("the answer carried no %s: it is not the control plane's", kind))
+	case asked != "" && got != asked:
+		return connect.NewError(connect.CodeInternal, fmt.Errorf("the answer carried %s %s, not %s: it is not the control plane's", kind, linked(got), linked(asked)))
+	}
+	return nil
+}
+
 // stale refuses an action whose page showed another state.
 func (c *Console) stale(w http.ResponseWriter, r *http.Request, s *session, what, expected, now string) {
 	c.fail(w, r, s, http.StatusConflict, "refused: the page was stale",

@@ -2,19 +2,28 @@ package console_test
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"io"
+	"log"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 	"github.com/chromedp/chromedp"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/controlplane/console"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -215,5 +224,189 @@ func TestRogue45AALinksTextIsNotTheConsolesHeading(t *testing.T) {
 	// A real id reads as itself.
 	if p := b.get("/ui/nodes/" + rogue.NodeId); p.status != http.StatusOK || !strings.Contains(title.FindStringSubmatch(p.body)[1], "rogue ("+rogue.NodeId+")") {
 		t.Fatalf("the rogue's node page: %d", p.status)
+	}
+}
+
+// rogue45AForger is a path from the console to a real control plane that
+// answers the procedures named in forge (by the suffix of their path) with
+// the bytes it is given, and relays every other call: the console's API
+// as a forged answer reaches it. The control plane's own answers always
+// carry what they answer.
+type rogue45AForger struct {
+	relay *httputil.ReverseProxy
+	mu    sync.Mutex
+	forge map[string][]byte
+}
+
+func newRogue45AForger(t *testing.T, base string) *rogue45AForger {
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := httputil.NewSingleHostReverseProxy(u)
+	p.FlushInterval = -1
+	return &rogue45AForger{relay: p, forge: map[string][]byte{}}
+}
+
+func (f *rogue45AForger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	var body []byte
+	forged := false
+	for suffix, b := range f.forge {
+		if strings.HasSuffix(r.URL.Path, suffix) {
+			body, forged = b, true
+		}
+	}
+	f.mu.Unlock()
+	if !forged {
+		f.relay.ServeHTTP(w, r)
+		return
+	}
+	_, _ = io.Copy(io.Discard, r.Body)
+	if strings.Contains(r.URL.Path, "/Watch") {
+		w.Header().Set("Content-Type", "application/connect+proto")
+	} else {
+		w.Header().Set("Content-Type", "application/proto")
+	}
+	_, _ = w.Write(body)
+}
+
+// set makes the forger answer the procedure with suffix with m (a stream's
+// one message and its end, for a Watch); nil relays it again.
+func (f *rogue45AForger) set(t *testing.T, suffix string, m proto.Message) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if m == nil {
+		delete(f.forge, suffix)
+		return
+	}
+	b, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.HasPrefix(suffix, "/Watch") {
+		env := func(flag byte, p []byte) []byte {
+			return append(append([]byte{flag}, binary.BigEndian.AppendUint32(nil, uint32(len(p)))...), p...)
+		}
+		b = append(env(0, b), env(2, []byte("{}"))...)
+	}
+	f.forge[suffix] = b
+}
+
+// TestRogue45AConsoleTakesNoForgedAnswerForItsObject: a path between the
+// console and the API that answers a node's, a grant's, a termination's,
+// a rollout's read (and a stop, a decision, a live page's event) without
+// the object asked for, or with another, had the page dereference nil: a
+// panic in the control plane's own process, the operator's browser left
+// with a dropped connection (design §11 listed the node and grant pages);
+// a node page answered with another node drew that node's page under the
+// id asked for. Each is now the console's error page naming what the
+// answer lacked, and a live page's stream a "failed" event.
+func TestRogue45AConsoleTakesNoForgedAnswerForItsObject(t *testing.T) {
+	srv, rogue, operator := rogue45AWorld(t)
+	ctx := context.Background()
+	admin := srv.AdminClients()
+	grants, err := admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: rogue.NodeId, Scopes: []string{"tool:http"}, Ttl: durationpb.New(time.Hour)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	grant := grants.Msg.Grant.GrantId
+	helper, err := admin.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: rogue.NodeId, OneLevel: true}))
+	if err != nil || len(helper.Msg.Nodes) != 1 {
+		t.Fatalf("the rogue's child: %v", err)
+	}
+	other := helper.Msg.Nodes[0]
+	forger := newRogue45AForger(t, srv.URL)
+	var logs strings.Builder
+	ui, err := console.New(console.Config{API: forger, Now: srv.Clock.Now, Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	site := httptest.NewServer(ui)
+	t.Cleanup(site.Close)
+	var panics strings.Builder
+	site.Config.ErrorLog = log.New(&panics, "", 0)
+	b := newBrowser(t, site.URL)
+	if p := b.signIn(operator); p.status != http.StatusSeeOther {
+		t.Fatalf("sign-in through the path: %d %s", p.status, p.body)
+	}
+	csrf := b.csrf("/ui/tree")
+	const (
+		termID    = "t_0000000000000000000a"
+		rolloutID = "o_0000000000000000000a"
+		propID    = "p_0000000000000000000a"
+	)
+	type visit struct {
+		what, suffix string
+		answer       proto.Message
+		method, path string
+		form         url.Values
+	}
+	form := func(kv ...string) url.Values {
+		v := url.Values{"csrf": {csrf}}
+		for i := 0; i+1 < len(kv); i += 2 {
+			v.Set(kv[i], kv[i+1])
+		}
+		return v
+	}
+	visits := []visit{
+		{"a node page, no node", "/GetNode", &tetherv1.GetNodeResponse{}, "GET", "/ui/nodes/" + rogue.NodeId, nil},
+		{"a node page, another node", "/GetNode", &tetherv1.GetNodeResponse{Node: other}, "GET", "/ui/nodes/" + rogue.NodeId, nil},
+		{"the subtree view, no node", "/GetNode", &tetherv1.GetNodeResponse{}, "GET", "/ui/tree?root=" + rogue.NodeId, nil},
+		{"a stop, its node's state, no node", "/GetNode", &tetherv1.GetNodeResponse{}, "POST", "/ui/nodes/" + rogue.NodeId + "/terminate", form("mode", "abort", "expected_state", "running")},
+		{"a stop, no termination", "/Terminate", &tetherv1.TerminateResponse{}, "POST", "/ui/nodes/" + rogue.NodeId + "/terminate", form("mode", "abort", "expected_state", "running")},
+		{"a grant page, no grant", "/GetGrant", &tetherv1.GetGrantResponse{}, "GET", "/ui/grants/" + grant, nil},
+		{"a revoke's confirmation, no grant", "/GetGrant", &tetherv1.GetGrantResponse{}, "GET", "/ui/grants/" + grant + "/revoke", nil},
+		{"a revoke, no grant", "/GetGrant", &tetherv1.GetGrantResponse{}, "POST", "/ui/grants/" + grant + "/revoke", form("confirm", "yes", "expected_state", "active")},
+		{"a termination page, no termination", "/GetTermination", &tetherv1.GetTerminationResponse{}, "GET", "/ui/terminations/" + termID, nil},
+		{"a termination's live page, no termination", "/WatchTermination", &tetherv1.WatchTerminationResponse{}, "GET", "/ui/terminations/" + termID + "/events", nil},
+		{"a decision, no proposal", "/DecideProposal", &tetherv1.DecideProposalResponse{}, "POST", "/ui/proposals/" + propID + "/decide", form("decision", "reject", "expected_state", "pending")},
+		{"a rollout page, no rollout", "/GetRollout", &tetherv1.GetRolloutResponse{}, "GET", "/ui/rollouts/" + rolloutID, nil},
+		{"a rollout's live page, no rollout", "/WatchRollout", &tetherv1.WatchRolloutResponse{}, "GET", "/ui/rollouts/" + rolloutID + "/events", nil},
+		{"a rollout's pause, no rollout", "/GetRollout", &tetherv1.GetRolloutResponse{}, "POST", "/ui/rollouts/" + rolloutID + "/pause", form("expected_state", "running")},
+	}
+	failed := 0
+	for _, v := range visits {
+		forger.set(t, v.suffix, v.answer)
+		var req *http.Request
+		if v.method == "POST" {
+			req, _ = http.NewRequest("POST", site.URL+v.path, strings.NewReader(v.form.Encode()))
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			for k, h := range b.sameOrigin() {
+				req.Header.Set(k, h)
+			}
+		} else {
+			req, _ = http.NewRequest("GET", site.URL+v.path, nil)
+		}
+		resp, err := b.hc.Do(req)
+		var body []byte
+		if err == nil {
+			body, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
+		}
+		forger.set(t, v.suffix, nil)
+		switch {
+		case err != nil:
+			failed++
+			t.Errorf("%s (%s %s): no answer: %v", v.what, v.method, v.path, err)
+		case strings.HasSuffix(v.path, "/events"):
+			if !strings.Contains(string(body), "event: failed") {
+				failed++
+				t.Errorf("%s: the stream did not fail: %d %q", v.what, resp.StatusCode, body)
+			}
+		case resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), "id=\"error-heading\""):
+			failed++
+			t.Errorf("%s (%s %s): %d, want the error page (502):\n%.2000s", v.what, v.method, v.path, resp.StatusCode, body)
+		}
+	}
+	if strings.Contains(panics.String(), "panic") {
+		t.Errorf("the console panicked:\n%.3000s", panics.String())
+	}
+	if failed > 0 {
+		t.Errorf("%d of %d forged answers were not told as such", failed, len(visits))
+	}
+	// Relayed, the pages read.
+	if p := b.get("/ui/nodes/" + rogue.NodeId); p.status != http.StatusOK {
+		t.Fatalf("the rogue's node page, relayed: %d", p.status)
 	}
 }

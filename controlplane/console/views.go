@@ -86,6 +86,10 @@ func (c *Console) tree(w http.ResponseWriter, r *http.Request, s *session) {
 			return
 		}
 		rootNode = got.Msg.Node
+		if err := answered("node", d.Root, rootNode.GetNodeId(), rootNode != nil); err != nil {
+			c.apiFail(w, r, s, "Could not read node "+linked(d.Root), err)
+			return
+		}
 		d.RootName = rootNode.Name
 	}
 	if d.Selector != "" || d.State != "" {
@@ -261,13 +265,17 @@ func (c *Console) node(w http.ResponseWriter, r *http.Request, s *session) {
 	if !ok {
 		return
 	}
+	if err := answered("node", id, got.Msg.Node.GetNodeId(), got.Msg.Node != nil); err != nil {
+		c.apiFail(w, r, s, "Could not read node "+linked(id), err)
+		return
+	}
 	d := nodeData{Node: got.Msg.Node, State: nodeState(got.Msg.Node.State)}
 	// Its ancestors by name (a read each; the tree is at most 32 deep):
 	// the page of a rogue's child named "worker-2" named only its parent's
 	// id, and read like the real worker-2's.
 	for _, a := range got.Msg.Node.Ancestors {
 		e := pathEntry{ID: a}
-		if an, err := s.clients.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: a})); err == nil {
+		if an, err := s.clients.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: a})); err == nil && an.Msg.Node.GetNodeId() == a {
 			e.Name = an.Msg.Node.Name
 		}
 		d.Path = append(d.Path, e)
@@ -364,6 +372,10 @@ func (c *Console) terminate(w http.ResponseWriter, r *http.Request, s *session) 
 	if !ok {
 		return
 	}
+	if err := answered("node", id, got.Msg.Node.GetNodeId(), got.Msg.Node != nil); err != nil {
+		c.apiFail(w, r, s, "Could not read node "+linked(id), err)
+		return
+	}
 	if now := nodeState(got.Msg.Node.State); expected == "" || now != expected {
 		c.stale(w, r, s, "Node "+linked(id), orUnknown(expected), now)
 		return
@@ -371,6 +383,12 @@ func (c *Console) terminate(w http.ResponseWriter, r *http.Request, s *session) 
 	resp, err := s.clients.Supervisor.Terminate(ctx, connect.NewRequest(req))
 	if err != nil {
 		c.apiFail(w, r, s, "The server refused to terminate "+linked(id), err)
+		return
+	}
+	if resp.Msg.Termination.GetTerminationId() == "" {
+		// The stop was asked for; its answer does not say of which
+		// termination. The node's page shows it.
+		c.apiFail(w, r, s, "The stop of "+linked(id)+" was sent, and its answer names no termination", answered("termination", "", "", false))
 		return
 	}
 	http.Redirect(w, r, "/ui/terminations/"+url.PathEscape(resp.Msg.Termination.TerminationId), http.StatusSeeOther)
@@ -389,6 +407,10 @@ func (c *Console) termination(w http.ResponseWriter, r *http.Request, s *session
 	id := r.PathValue("id")
 	resp, ok := pageCall(c, w, r, s, "Could not read termination "+linked(id), s.clients.Supervisor.GetTermination, &tetherv1.GetTerminationRequest{TerminationId: id})
 	if !ok {
+		return
+	}
+	if err := answered("termination", id, resp.Msg.Termination.GetTerminationId(), resp.Msg.Termination != nil); err != nil {
+		c.apiFail(w, r, s, "Could not read termination "+linked(id), err)
 		return
 	}
 	c.render(w, r, s, http.StatusOK, "termination", "Termination "+id, terminationView(resp.Msg.Termination))
@@ -507,6 +529,10 @@ func (c *Console) terminationEvents(w http.ResponseWriter, r *http.Request, s *s
 	stream, err := s.clients.Supervisor.WatchTermination(ctx, connect.NewRequest(&tetherv1.WatchTerminationRequest{TerminationId: id}))
 	relayEvents(c, w, r, s, "Could not watch termination "+linked(id), stream, err, func(send sendEvent, m *tetherv1.WatchTerminationResponse) bool {
 		t := m.Termination
+		if err := answered("termination", id, t.GetTerminationId(), t != nil); err != nil {
+			_ = send("failed", map[string]string{"error": errorText(err)})
+			return false
+		}
 		if send("termination", terminationView(t)) != nil {
 			return false
 		}
@@ -1073,6 +1099,10 @@ func (c *Console) loadGrant(w http.ResponseWriter, r *http.Request, s *session) 
 	if !ok {
 		return grantData{}, false
 	}
+	if err := answered("grant", id, g.Msg.Grant.GetGrantId(), g.Msg.Grant != nil); err != nil {
+		c.apiFail(w, r, s, "Could not read grant "+linked(id), err)
+		return grantData{}, false
+	}
 	d := grantData{Grant: g.Msg.Grant, State: grantState(g.Msg.Grant.State)}
 	// "revoked" is where revoke sends the operator, with the tombstone's
 	// sequence; but anyone can hand an operator a link with it, so the
@@ -1117,6 +1147,10 @@ func (c *Console) revoke(w http.ResponseWriter, r *http.Request, s *session) {
 	if !ok {
 		return
 	}
+	if err := answered("grant", id, g.Msg.Grant.GetGrantId(), g.Msg.Grant != nil); err != nil {
+		c.apiFail(w, r, s, "Could not read grant "+linked(id), err)
+		return
+	}
 	if now, expected := grantState(g.Msg.Grant.State), r.PostForm.Get("expected_state"); expected == "" || now != expected {
 		c.stale(w, r, s, "Grant "+linked(id), orUnknown(expected), now)
 		return
@@ -1159,7 +1193,12 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, s *session) {
 		http.Redirect(w, r, "/ui/terminations/"+url.PathEscape(t.TerminationId), http.StatusSeeOther)
 		return
 	}
-	http.Redirect(w, r, "/ui/nodes/"+url.PathEscape(resp.Msg.Proposal.NodeId), http.StatusSeeOther)
+	p := resp.Msg.Proposal
+	if err := answered("stop proposal", id, p.GetProposalId(), p != nil); err != nil || p.NodeId == "" {
+		c.apiFail(w, r, s, "The decision on "+linked(id)+" was sent, and its answer could not be read", cmp.Or(err, answered("node", "", "", false)))
+		return
+	}
+	http.Redirect(w, r, "/ui/nodes/"+url.PathEscape(p.NodeId), http.StatusSeeOther)
 }
 
 // ---- rollouts ----
@@ -1187,6 +1226,10 @@ func (c *Console) rollout(w http.ResponseWriter, r *http.Request, s *session) {
 		return
 	}
 	ro := resp.Msg.Rollout
+	if err := answered("rollout", id, ro.GetRolloutId(), ro != nil); err != nil {
+		c.apiFail(w, r, s, "Could not read rollout "+linked(id), err)
+		return
+	}
 	d := rolloutData{Rollout: ro, State: enumName(ro.State.String(), "ROLLOUT_STATE_"), Version: rolloutVersion(ro)}
 	d.Done = ro.GetCounts().GetDrained()
 	d.Total = d.Done + ro.GetCounts().GetRemaining()
@@ -1207,6 +1250,10 @@ func (c *Console) rolloutEvents(w http.ResponseWriter, r *http.Request, s *sessi
 	stream, err := s.clients.Supervisor.WatchRollout(ctx, connect.NewRequest(&tetherv1.WatchRolloutRequest{RolloutId: id}))
 	relayEvents(c, w, r, s, "Could not watch rollout "+linked(id), stream, err, func(send sendEvent, m *tetherv1.WatchRolloutResponse) bool {
 		ro := m.Rollout
+		if err := answered("rollout", id, ro.GetRolloutId(), ro != nil); err != nil {
+			_ = send("failed", map[string]string{"error": errorText(err)})
+			return false
+		}
 		return send("rollout", map[string]string{"version": rolloutVersion(ro), "state": enumName(ro.State.String(), "ROLLOUT_STATE_")}) == nil
 	})
 }
@@ -1217,6 +1264,10 @@ func (c *Console) rolloutAction(w http.ResponseWriter, r *http.Request, s *sessi
 	id, op := r.PathValue("id"), r.PathValue("op")
 	got, ok := apiCall(ctx, c, w, r, s, "Could not read rollout "+linked(id), s.clients.Supervisor.GetRollout, &tetherv1.GetRolloutRequest{RolloutId: id})
 	if !ok {
+		return
+	}
+	if err := answered("rollout", id, got.Msg.Rollout.GetRolloutId(), got.Msg.Rollout != nil); err != nil {
+		c.apiFail(w, r, s, "Could not read rollout "+linked(id), err)
 		return
 	}
 	if now, expected := enumName(got.Msg.Rollout.State.String(), "ROLLOUT_STATE_"), r.PostForm.Get("expected_state"); expected == "" || now != expected {
