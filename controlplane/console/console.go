@@ -246,12 +246,22 @@ func (c *Console) live(s *session) bool {
 	return true
 }
 
-// page wraps a GET handler: no session, no page (back to sign-in).
+// page wraps a GET handler: no session, no page (back to sign-in); and
+// none for another site's page (fromAnotherSite), before anything is read.
 func (c *Console) page(h func(http.ResponseWriter, *http.Request, *session)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		raw := strings.HasSuffix(r.URL.Path, "/events") || strings.HasSuffix(r.URL.Path, "/csv") || strings.HasSuffix(r.URL.Path, "/json")
+		if fromAnotherSite(r) {
+			if raw {
+				http.Error(w, "refused: requested by another site's page", http.StatusForbidden)
+				return
+			}
+			c.fail(w, r, nil, http.StatusForbidden, "refused: requested by another site's page", "Another site's page had your browser ask for this console page (an image, a frame, a script or a fetch: Sec-Fetch-Site and Sec-Fetch-Dest say so). The console serves its pages to its own pages and to links you follow; nothing was read. Open the console from its address or a link.")
+			return
+		}
 		s := c.current(r)
 		if s == nil {
-			if strings.HasSuffix(r.URL.Path, "/events") || strings.HasSuffix(r.URL.Path, "/csv") || strings.HasSuffix(r.URL.Path, "/json") {
+			if raw {
 				http.Error(w, "not signed in", http.StatusUnauthorized)
 				return
 			}
@@ -260,6 +270,30 @@ func (c *Console) page(h func(http.ResponseWriter, *http.Request, *session)) htt
 		}
 		h(w, r, s)
 	})
+}
+
+// fromAnotherSite reports whether a browser sent r for a page of another
+// origin other than as a top-level navigation (Fetch Metadata: the
+// request's Sec-Fetch-Site is same-site or cross-site, and its
+// Sec-Fetch-Dest is not a document navigated to): an image, a frame, a
+// script, a style sheet, a fetch or an event stream of another site's
+// page. The session cookie is SameSite=Strict, which keeps it from
+// another site's requests but not from a same-site one's (another port
+// of the console's host, another host of its registrable domain: where
+// an agent may serve a page), and CrossOriginProtection guards the
+// console's POSTs only, so such a page had the operator's browser load
+// console pages in the operator's session as fast as it liked, each of
+// their API calls charged to the operator's rate budget (a tree page
+// makes up to forty), until the operator's own stop was refused. A link
+// followed from another site (a navigation: one page, in the operator's
+// sight) is served; a browser that sends no Fetch Metadata is not told
+// apart.
+func fromAnotherSite(r *http.Request) bool {
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "", "same-origin", "none":
+		return false
+	}
+	return r.Header.Get("Sec-Fetch-Mode") != "navigate" || r.Header.Get("Sec-Fetch-Dest") != "document"
 }
 
 // maxSessionsPerPrincipal bounds the sessions one operator identity holds
@@ -476,6 +510,22 @@ func errorText(err error) string {
 		return ce.Code().String() + ": " + ce.Message()
 	}
 	return err.Error()
+}
+
+// answered checks that an answer carries the object it answers (present),
+// the one asked for (got is its id; asked "" asks for none in particular):
+// the control plane's answers always do, and a page that read a forged
+// one lacking it dereferenced nil, a panic in the control plane's own
+// process, and one carrying another object drew that object's page
+// under the id asked for. Its error is internal, shown as a bad gateway.
+func answered(kind, asked, got string, present bool) error {
+	switch {
+	case !present || got == "":
+		return connect.NewError(connect.CodeInternal, fmt.Errorf("the answer carried no %s: it is not the control plane's", kind))
+	case asked != "" && got != asked:
+		return connect.NewError(connect.CodeInternal, fmt.Errorf("the answer carried %s %s, not %s: it is not the control plane's", kind, linked(got), linked(asked)))
+	}
+	return nil
 }
 
 // stale refuses an action whose page showed another state.

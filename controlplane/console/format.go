@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"html/template"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/printable"
 	"github.com/tetherhq/tether/internal/sortedmap"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -191,4 +193,19 @@ type moreRows struct {
 	N      int
 	What   string
 	Record string
+}
+
+// linked is a value of a request's path or query (an id a page is asked
+// for), as a heading or a message names it: that text is the link's, and
+// anyone may make a link, so anything but a well-formed Tether id is
+// quoted, as the not-found page quotes its path. The console's error page
+// read "Could not read node n_x" and, on the lines after, whatever the
+// link said ("Your session has expired: sign in at evil.example") in its
+// heading and title, as the console's own words; a job id (the agents'
+// text) is quoted too.
+func linked(s string) string {
+	if id.Kind(s) != "" {
+		return s
+	}
+	return strconv.Quote(s)
 }

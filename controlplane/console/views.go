@@ -81,11 +81,15 @@ func (c *Console) tree(w http.ResponseWriter, r *http.Request, s *session) {
 	d.Paged = after != ""
 	var rootNode *tetherv1.Node
 	if d.Root != "" {
-		got, ok := apiCall(ctx, c, w, r, s, "Could not read node "+d.Root, s.clients.Agent.GetNode, &tetherv1.GetNodeRequest{NodeId: d.Root})
+		got, ok := apiCall(ctx, c, w, r, s, "Could not read node "+linked(d.Root), s.clients.Agent.GetNode, &tetherv1.GetNodeRequest{NodeId: d.Root})
 		if !ok {
 			return
 		}
 		rootNode = got.Msg.Node
+		if err := answered("node", d.Root, rootNode.GetNodeId(), rootNode != nil); err != nil {
+			c.apiFail(w, r, s, "Could not read node "+linked(d.Root), err)
+			return
+		}
 		d.RootName = rootNode.Name
 	}
 	if d.Selector != "" || d.State != "" {
@@ -257,8 +261,12 @@ func (c *Console) node(w http.ResponseWriter, r *http.Request, s *session) {
 	ctx, cancel := pageContext(r)
 	defer cancel()
 	id := r.PathValue("id")
-	got, ok := apiCall(ctx, c, w, r, s, "Could not read node "+id, s.clients.Agent.GetNode, &tetherv1.GetNodeRequest{NodeId: id})
+	got, ok := apiCall(ctx, c, w, r, s, "Could not read node "+linked(id), s.clients.Agent.GetNode, &tetherv1.GetNodeRequest{NodeId: id})
 	if !ok {
+		return
+	}
+	if err := answered("node", id, got.Msg.Node.GetNodeId(), got.Msg.Node != nil); err != nil {
+		c.apiFail(w, r, s, "Could not read node "+linked(id), err)
 		return
 	}
 	d := nodeData{Node: got.Msg.Node, State: nodeState(got.Msg.Node.State)}
@@ -267,7 +275,7 @@ func (c *Console) node(w http.ResponseWriter, r *http.Request, s *session) {
 	// id, and read like the real worker-2's.
 	for _, a := range got.Msg.Node.Ancestors {
 		e := pathEntry{ID: a}
-		if an, err := s.clients.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: a})); err == nil {
+		if an, err := s.clients.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: a})); err == nil && an.Msg.Node.GetNodeId() == a {
 			e.Name = an.Msg.Node.Name
 		}
 		d.Path = append(d.Path, e)
@@ -360,17 +368,27 @@ func (c *Console) terminate(w http.ResponseWriter, r *http.Request, s *session) 
 		return
 	}
 	expected := r.PostForm.Get("expected_state")
-	got, ok := apiCall(ctx, c, w, r, s, "Could not read node "+id, s.clients.Agent.GetNode, &tetherv1.GetNodeRequest{NodeId: id})
+	got, ok := apiCall(ctx, c, w, r, s, "Could not read node "+linked(id), s.clients.Agent.GetNode, &tetherv1.GetNodeRequest{NodeId: id})
 	if !ok {
 		return
 	}
+	if err := answered("node", id, got.Msg.Node.GetNodeId(), got.Msg.Node != nil); err != nil {
+		c.apiFail(w, r, s, "Could not read node "+linked(id), err)
+		return
+	}
 	if now := nodeState(got.Msg.Node.State); expected == "" || now != expected {
-		c.stale(w, r, s, "Node "+id, orUnknown(expected), now)
+		c.stale(w, r, s, "Node "+linked(id), orUnknown(expected), now)
 		return
 	}
 	resp, err := s.clients.Supervisor.Terminate(ctx, connect.NewRequest(req))
 	if err != nil {
-		c.apiFail(w, r, s, "The server refused to terminate "+id, err)
+		c.apiFail(w, r, s, "The server refused to terminate "+linked(id), err)
+		return
+	}
+	if resp.Msg.Termination.GetTerminationId() == "" {
+		// The stop was asked for; its answer does not say of which
+		// termination. The node's page shows it.
+		c.apiFail(w, r, s, "The stop of "+linked(id)+" was sent, and its answer names no termination", answered("termination", "", "", false))
 		return
 	}
 	http.Redirect(w, r, "/ui/terminations/"+url.PathEscape(resp.Msg.Termination.TerminationId), http.StatusSeeOther)
@@ -387,8 +405,12 @@ func orUnknown(s string) string {
 
 func (c *Console) termination(w http.ResponseWriter, r *http.Request, s *session) {
 	id := r.PathValue("id")
-	resp, ok := pageCall(c, w, r, s, "Could not read termination "+id, s.clients.Supervisor.GetTermination, &tetherv1.GetTerminationRequest{TerminationId: id})
+	resp, ok := pageCall(c, w, r, s, "Could not read termination "+linked(id), s.clients.Supervisor.GetTermination, &tetherv1.GetTerminationRequest{TerminationId: id})
 	if !ok {
+		return
+	}
+	if err := answered("termination", id, resp.Msg.Termination.GetTerminationId(), resp.Msg.Termination != nil); err != nil {
+		c.apiFail(w, r, s, "Could not read termination "+linked(id), err)
 		return
 	}
 	c.render(w, r, s, http.StatusOK, "termination", "Termination "+id, terminationView(resp.Msg.Termination))
@@ -505,8 +527,12 @@ func (c *Console) terminationEvents(w http.ResponseWriter, r *http.Request, s *s
 	ctx, cancel := streamContext(r, s)
 	defer cancel()
 	stream, err := s.clients.Supervisor.WatchTermination(ctx, connect.NewRequest(&tetherv1.WatchTerminationRequest{TerminationId: id}))
-	relayEvents(c, w, r, s, "Could not watch termination "+id, stream, err, func(send sendEvent, m *tetherv1.WatchTerminationResponse) bool {
+	relayEvents(c, w, r, s, "Could not watch termination "+linked(id), stream, err, func(send sendEvent, m *tetherv1.WatchTerminationResponse) bool {
 		t := m.Termination
+		if err := answered("termination", id, t.GetTerminationId(), t != nil); err != nil {
+			_ = send("failed", map[string]string{"error": errorText(err)})
+			return false
+		}
 		if send("termination", terminationView(t)) != nil {
 			return false
 		}
@@ -696,7 +722,7 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 	defer cancel()
 	rec, partial, err := agentsdk.ReadRecordPages(ctx, s.clients.Supervisor, &tetherv1.GetRecordRequest{RecordId: id}, recordReads)
 	if err != nil {
-		c.apiFail(w, r, s, "Could not read record "+id, err)
+		c.apiFail(w, r, s, "Could not read record "+linked(id), err)
 		return
 	}
 	d := recordData{recordSummary: summarize(rec)}
@@ -761,7 +787,7 @@ func (c *Console) recordJSON(w http.ResponseWriter, r *http.Request, s *session)
 	defer cancel()
 	rec, err := agentsdk.ReadRecord(ctx, s.clients.Supervisor, &tetherv1.GetRecordRequest{RecordId: id})
 	if err != nil {
-		c.apiFail(w, r, s, "Could not read record "+id, err)
+		c.apiFail(w, r, s, "Could not read record "+linked(id), err)
 		return
 	}
 	b, err := wire.RecordJSON(rec)
@@ -919,7 +945,7 @@ func (c *Console) evidencePages(w http.ResponseWriter, r *http.Request, s *sessi
 		resp, err := s.clients.Lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: job, PageToken: token}))
 		if err != nil {
 			if read == 0 {
-				c.apiFail(w, r, s, "Could not read the evidence of job "+job, err)
+				c.apiFail(w, r, s, "Could not read the evidence of job "+linked(job), err)
 				return false, "", nil
 			}
 			return true, "", err
@@ -995,7 +1021,7 @@ func (c *Console) evidence(w http.ResponseWriter, r *http.Request, s *session) {
 		return
 	}
 	if err != nil {
-		c.apiFail(w, r, s, "Could not read the whole evidence of job "+job, err)
+		c.apiFail(w, r, s, "Could not read the whole evidence of job "+linked(job), err)
 		return
 	}
 	if more || rest != "" {
@@ -1069,8 +1095,12 @@ func (c *Console) loadGrant(w http.ResponseWriter, r *http.Request, s *session) 
 	ctx, cancel := pageContext(r)
 	defer cancel()
 	id := r.PathValue("id")
-	g, ok := apiCall(ctx, c, w, r, s, "Could not read grant "+id, s.clients.Capability.GetGrant, &tetherv1.GetGrantRequest{GrantId: id})
+	g, ok := apiCall(ctx, c, w, r, s, "Could not read grant "+linked(id), s.clients.Capability.GetGrant, &tetherv1.GetGrantRequest{GrantId: id})
 	if !ok {
+		return grantData{}, false
+	}
+	if err := answered("grant", id, g.Msg.Grant.GetGrantId(), g.Msg.Grant != nil); err != nil {
+		c.apiFail(w, r, s, "Could not read grant "+linked(id), err)
 		return grantData{}, false
 	}
 	d := grantData{Grant: g.Msg.Grant, State: grantState(g.Msg.Grant.State)}
@@ -1080,7 +1110,7 @@ func (c *Console) loadGrant(w http.ResponseWriter, r *http.Request, s *session) 
 	if seq, err := strconv.ParseUint(r.URL.Query().Get("revoked"), 10, 64); err == nil && d.State == "revoked" {
 		d.Revoked = strconv.FormatUint(seq, 10)
 	}
-	sub, ok := apiCall(ctx, c, w, r, s, "Could not list the grants derived from "+id, s.clients.Capability.ListGrants, &tetherv1.ListGrantsRequest{DerivedFromGrantId: id, PageSize: 200})
+	sub, ok := apiCall(ctx, c, w, r, s, "Could not list the grants derived from "+linked(id), s.clients.Capability.ListGrants, &tetherv1.ListGrantsRequest{DerivedFromGrantId: id, PageSize: 200})
 	if !ok {
 		return grantData{}, false
 	}
@@ -1113,15 +1143,19 @@ func (c *Console) revoke(w http.ResponseWriter, r *http.Request, s *session) {
 		c.fail(w, r, s, http.StatusBadRequest, "refused: not confirmed", "Revoking a grant needs the confirmation step. Nothing was revoked.")
 		return
 	}
-	g, ok := apiCall(ctx, c, w, r, s, "Could not read grant "+id, s.clients.Capability.GetGrant, &tetherv1.GetGrantRequest{GrantId: id})
+	g, ok := apiCall(ctx, c, w, r, s, "Could not read grant "+linked(id), s.clients.Capability.GetGrant, &tetherv1.GetGrantRequest{GrantId: id})
 	if !ok {
 		return
 	}
-	if now, expected := grantState(g.Msg.Grant.State), r.PostForm.Get("expected_state"); expected == "" || now != expected {
-		c.stale(w, r, s, "Grant "+id, orUnknown(expected), now)
+	if err := answered("grant", id, g.Msg.Grant.GetGrantId(), g.Msg.Grant != nil); err != nil {
+		c.apiFail(w, r, s, "Could not read grant "+linked(id), err)
 		return
 	}
-	resp, ok := apiCall(ctx, c, w, r, s, "The server refused to revoke "+id, s.clients.Capability.Revoke, &tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: id}, Reason: strings.TrimSpace(r.PostForm.Get("reason"))})
+	if now, expected := grantState(g.Msg.Grant.State), r.PostForm.Get("expected_state"); expected == "" || now != expected {
+		c.stale(w, r, s, "Grant "+linked(id), orUnknown(expected), now)
+		return
+	}
+	resp, ok := apiCall(ctx, c, w, r, s, "The server refused to revoke "+linked(id), s.clients.Capability.Revoke, &tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: id}, Reason: strings.TrimSpace(r.PostForm.Get("reason"))})
 	if !ok {
 		return
 	}
@@ -1140,7 +1174,7 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, s *session) {
 	// rogue's tree files as many as it likes over time).
 	if expected := r.PostForm.Get("expected_state"); expected != "pending" {
 		c.fail(w, r, s, http.StatusConflict, "refused: the page was stale",
-			fmt.Sprintf("Stop proposal %s showed %s on the page you acted from; only a pending proposal is decided. Nothing was done; look again before acting.", id, orUnknown(expected)))
+			fmt.Sprintf("Stop proposal %s showed %s on the page you acted from; only a pending proposal is decided. Nothing was done; look again before acting.", linked(id), orUnknown(expected)))
 		return
 	}
 	resp, err := s.clients.Supervisor.DecideProposal(ctx, connect.NewRequest(&tetherv1.DecideProposalRequest{
@@ -1148,18 +1182,23 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, s *session) {
 	}))
 	if connect.CodeOf(err) == connect.CodeFailedPrecondition {
 		c.fail(w, r, s, http.StatusConflict, "refused: the page was stale",
-			"The page you acted from showed stop proposal "+id+" pending, but the server says: "+errorText(err)+". Nothing was done; look again before acting.")
+			"The page you acted from showed stop proposal "+linked(id)+" pending, but the server says: "+errorText(err)+". Nothing was done; look again before acting.")
 		return
 	}
 	if err != nil {
-		c.apiFail(w, r, s, "The server refused the decision on "+id, err)
+		c.apiFail(w, r, s, "The server refused the decision on "+linked(id), err)
 		return
 	}
 	if t := resp.Msg.Termination; t != nil {
 		http.Redirect(w, r, "/ui/terminations/"+url.PathEscape(t.TerminationId), http.StatusSeeOther)
 		return
 	}
-	http.Redirect(w, r, "/ui/nodes/"+url.PathEscape(resp.Msg.Proposal.NodeId), http.StatusSeeOther)
+	p := resp.Msg.Proposal
+	if err := answered("stop proposal", id, p.GetProposalId(), p != nil); err != nil || p.NodeId == "" {
+		c.apiFail(w, r, s, "The decision on "+linked(id)+" was sent, and its answer could not be read", cmp.Or(err, answered("node", "", "", false)))
+		return
+	}
+	http.Redirect(w, r, "/ui/nodes/"+url.PathEscape(p.NodeId), http.StatusSeeOther)
 }
 
 // ---- rollouts ----
@@ -1182,11 +1221,15 @@ type rolloutData struct {
 
 func (c *Console) rollout(w http.ResponseWriter, r *http.Request, s *session) {
 	id := r.PathValue("id")
-	resp, ok := pageCall(c, w, r, s, "Could not read rollout "+id, s.clients.Supervisor.GetRollout, &tetherv1.GetRolloutRequest{RolloutId: id})
+	resp, ok := pageCall(c, w, r, s, "Could not read rollout "+linked(id), s.clients.Supervisor.GetRollout, &tetherv1.GetRolloutRequest{RolloutId: id})
 	if !ok {
 		return
 	}
 	ro := resp.Msg.Rollout
+	if err := answered("rollout", id, ro.GetRolloutId(), ro != nil); err != nil {
+		c.apiFail(w, r, s, "Could not read rollout "+linked(id), err)
+		return
+	}
 	d := rolloutData{Rollout: ro, State: enumName(ro.State.String(), "ROLLOUT_STATE_"), Version: rolloutVersion(ro)}
 	d.Done = ro.GetCounts().GetDrained()
 	d.Total = d.Done + ro.GetCounts().GetRemaining()
@@ -1205,8 +1248,12 @@ func (c *Console) rolloutEvents(w http.ResponseWriter, r *http.Request, s *sessi
 	ctx, cancel := streamContext(r, s)
 	defer cancel()
 	stream, err := s.clients.Supervisor.WatchRollout(ctx, connect.NewRequest(&tetherv1.WatchRolloutRequest{RolloutId: id}))
-	relayEvents(c, w, r, s, "Could not watch rollout "+id, stream, err, func(send sendEvent, m *tetherv1.WatchRolloutResponse) bool {
+	relayEvents(c, w, r, s, "Could not watch rollout "+linked(id), stream, err, func(send sendEvent, m *tetherv1.WatchRolloutResponse) bool {
 		ro := m.Rollout
+		if err := answered("rollout", id, ro.GetRolloutId(), ro != nil); err != nil {
+			_ = send("failed", map[string]string{"error": errorText(err)})
+			return false
+		}
 		return send("rollout", map[string]string{"version": rolloutVersion(ro), "state": enumName(ro.State.String(), "ROLLOUT_STATE_")}) == nil
 	})
 }
@@ -1215,12 +1262,16 @@ func (c *Console) rolloutAction(w http.ResponseWriter, r *http.Request, s *sessi
 	ctx, cancel := pageContext(r)
 	defer cancel()
 	id, op := r.PathValue("id"), r.PathValue("op")
-	got, ok := apiCall(ctx, c, w, r, s, "Could not read rollout "+id, s.clients.Supervisor.GetRollout, &tetherv1.GetRolloutRequest{RolloutId: id})
+	got, ok := apiCall(ctx, c, w, r, s, "Could not read rollout "+linked(id), s.clients.Supervisor.GetRollout, &tetherv1.GetRolloutRequest{RolloutId: id})
 	if !ok {
 		return
 	}
+	if err := answered("rollout", id, got.Msg.Rollout.GetRolloutId(), got.Msg.Rollout != nil); err != nil {
+		c.apiFail(w, r, s, "Could not read rollout "+linked(id), err)
+		return
+	}
 	if now, expected := enumName(got.Msg.Rollout.State.String(), "ROLLOUT_STATE_"), r.PostForm.Get("expected_state"); expected == "" || now != expected {
-		c.stale(w, r, s, "Rollout "+id, orUnknown(expected), now)
+		c.stale(w, r, s, "Rollout "+linked(id), orUnknown(expected), now)
 		return
 	}
 	reason := strings.TrimSpace(r.PostForm.Get("reason"))
@@ -1236,7 +1287,7 @@ func (c *Console) rolloutAction(w http.ResponseWriter, r *http.Request, s *sessi
 		err = connect.NewError(connect.CodeInvalidArgument, errors.New("a rollout can be paused, resumed or aborted"))
 	}
 	if err != nil {
-		c.apiFail(w, r, s, "The server refused to "+op+" rollout "+id, err)
+		c.apiFail(w, r, s, "The server refused to "+linked(op)+" rollout "+linked(id), err)
 		return
 	}
 	http.Redirect(w, r, "/ui/rollouts/"+url.PathEscape(id), http.StatusSeeOther)
