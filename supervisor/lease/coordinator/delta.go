@@ -235,22 +235,29 @@ func timeBase(decided time.Time) int64 {
 
 // encodeLeaseDelta writes the fields of next that differ from prev.
 func encodeLeaseDelta(e *encoder, prev, next *lease.Lease, base int64) {
+	// Each field of prev and of next is encoded after what e holds (the
+	// fields kept so far), compared there and next's kept if they
+	// differ; the mask goes in front of the kept fields at the end. No
+	// buffer of its own: two of them escaped to the heap on every row.
 	var mask uint64
-	var wasBuf, fieldsBuf [256]byte
-	was, fields := encoder{b: wasBuf[:0]}, encoder{b: fieldsBuf[:0]}
+	start := len(e.b)
 	for i := range leaseFields {
-		was.b = was.b[:0]
-		encodeField(&was, i, prev, base)
-		n := len(fields.b)
-		encodeField(&fields, i, next, base)
-		if bytes.Equal(was.b, fields.b[n:]) {
-			fields.b = fields.b[:n]
+		was := len(e.b)
+		encodeField(e, i, prev, base)
+		now := len(e.b)
+		encodeField(e, i, next, base)
+		if bytes.Equal(e.b[was:now], e.b[now:]) {
+			e.b = e.b[:was]
 			continue
 		}
+		e.b = e.b[:was+copy(e.b[was:], e.b[now:])]
 		mask |= 1 << i
 	}
-	e.uint(mask)
-	e.b = append(e.b, fields.b...)
+	var m [binary.MaxVarintLen64]byte
+	k := binary.PutUvarint(m[:], mask)
+	e.b = append(e.b, m[:k]...)
+	copy(e.b[start+k:], e.b[start:len(e.b)-k])
+	copy(e.b[start:], m[:k])
 }
 
 // decodeLeaseDelta applies a delta written by encodeLeaseDelta to prev.
@@ -340,8 +347,16 @@ func quotedAt(s string) (raw string, n int) {
 // never stored. Only ids that quote without escapes are entered, so the
 // quoted form is the id between two double quotes.
 func reasonDict(prev, next lease.Lease) []string {
-	var dict []string
-	for _, id := range []string{next.LeaseID, next.HolderIdentity, next.JobID, next.ConflictHolder,
+	return appendReasonDict(make([]string, 0, reasonDictSize), &prev, &next)
+}
+
+// reasonDictSize is the most ids a row's dictionary holds.
+const reasonDictSize = 7
+
+// appendReasonDict appends reasonDict(*prev, *next) to dict (which the
+// row's encoder keeps on its stack).
+func appendReasonDict(dict []string, prev, next *lease.Lease) []string {
+	for _, id := range [reasonDictSize]string{next.LeaseID, next.HolderIdentity, next.JobID, next.ConflictHolder,
 		prev.LeaseID, prev.HolderIdentity, prev.ConflictHolder} {
 		if len(id) >= 4 && plainID(id) && !slices.Contains(dict, id) {
 			dict = append(dict, id)
@@ -400,7 +415,11 @@ func compactQuoted(dst []byte, reason string, dict []string, vals *[2]string, ba
 		}
 		if starts[c] {
 			k, n := matchID(reason[i:], dict)
-			if c == '"' && vals != nil {
+			// A quoted id the dictionary matched (n > 0 at a double
+			// quote) is the whole quoted text there: an id holds no
+			// double quote or backslash (plainID), so the quote closes
+			// right after it and quotedAt would find no longer one.
+			if c == '"' && vals != nil && n == 0 {
 				if raw, q := quotedAt(reason[i:]); q > n {
 					switch {
 					case raw == vals[0] && q > 3:
@@ -573,6 +592,7 @@ func parseReasonTime(s string) (nanos int64, n int, ok bool) {
 	}
 	n = len(layout)
 	ns := 0
+	trailingZero := false
 	if s[n] == '.' {
 		digits := 0
 		for n+1+digits < len(s) && digits < 9 && s[n+1+digits] >= '0' && s[n+1+digits] <= '9' {
@@ -581,6 +601,7 @@ func parseReasonTime(s string) (nanos int64, n int, ok bool) {
 		if digits == 0 {
 			return 0, 0, false
 		}
+		trailingZero = s[n+digits] == '0'
 		ns = num(n+1, n+1+digits)
 		for range 9 - digits {
 			ns *= 10
@@ -591,8 +612,23 @@ func parseReasonTime(s string) (nanos int64, n int, ok bool) {
 		return 0, 0, false
 	}
 	n++
-	t := time.Date(num(0, 4), time.Month(num(5, 7)), num(8, 10), num(11, 13), num(14, 16), num(17, 19), ns, time.UTC)
+	year, month, day := num(0, 4), num(5, 7), num(8, 10)
+	hour, minute, sec := num(11, 13), num(14, 16), num(17, 19)
+	t := time.Date(year, time.Month(month), day, hour, minute, sec, ns, time.UTC)
 	nanos = t.UnixNano()
+	if year >= 1700 && year <= 2200 {
+		// Where Unix nanoseconds hold the instant, the fields render
+		// back to the same bytes exactly when none is out of its range
+		// (time.Date normalises month 13 to another instant) and the
+		// fraction has no trailing zero (appendReasonTime writes the
+		// shortest): checked here without rendering, as every renewal's
+		// reason holds three of these.
+		if month < 1 || month > 12 || day < 1 || day > daysIn(month, year) ||
+			hour > 23 || minute > 59 || sec > 59 || trailingZero {
+			return 0, 0, false
+		}
+		return nanos, n, true
+	}
 	// Out-of-range fields (month 13) normalise to another instant, and a
 	// fraction with trailing zeros renders shorter: both fail here.
 	var buf [40]byte
@@ -600,4 +636,18 @@ func parseReasonTime(s string) (nanos int64, n int, ok bool) {
 		return 0, 0, false
 	}
 	return nanos, n, true
+}
+
+// daysIn is the number of days of month (1–12) in year.
+func daysIn(month, year int) int {
+	switch month {
+	case 2:
+		if year%4 == 0 && (year%100 != 0 || year%400 == 0) {
+			return 29
+		}
+		return 28
+	case 4, 6, 9, 11:
+		return 30
+	}
+	return 31
 }

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -143,6 +144,9 @@ func (b *batch) empty() bool { return b.messages == 0 && len(b.answers) == 0 }
 type shard struct {
 	c     *Coordinator
 	index int
+	// rowBuf is where judge encodes each row before copying it out at
+	// its size: the encoding grows its buffer several times, once.
+	rowBuf []byte
 	// ctx is the run's context without its cancellation (Run sets it).
 	ctx   context.Context
 	inbox chan op
@@ -697,7 +701,8 @@ func (s *shard) judge(e *entry, job string, m lease.Message, now time.Time, done
 	if isAnchor(row.Number) {
 		encoded = encodeRowAnchor(nil, row)
 	} else {
-		encoded = encodeRow(nil, current, row)
+		s.rowBuf = encodeRow(s.rowBuf[:0], current, row)
+		encoded = bytes.Clone(s.rowBuf)
 	}
 	b.rows = append(b.rows, logRow{job, row.Number, encoded})
 	b.bytes += len(job) + len(encoded) + 8
