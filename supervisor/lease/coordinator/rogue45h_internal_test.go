@@ -242,3 +242,34 @@ func TestRogue45HRowsEncodeAsBefore(t *testing.T) {
 		t.Fatalf("only %d rows", rows)
 	}
 }
+
+// TestRogue45HPacksAreSizedOnce holds encodePack's size, computed before
+// it writes (packSize), to what it writes, for the log's packs (rows with
+// their jobs) and a job's (without), and the rows to what they decode to.
+func TestRogue45HPacksAreSizedOnce(t *testing.T) {
+	for _, n := range []int{0, 1, 2, 63, 64, 200} {
+		var rows []logRow
+		for i := range n {
+			rows = append(rows, logRow{job: strings.Repeat("j", 1+i%300), number: uint64(i + 1), row: append(binary.AppendUvarint([]byte{evidenceSchemaDelta}, uint64(i+1)), bytes.Repeat([]byte{byte(i)}, (i*37)%400)...)})
+		}
+		for _, withJobs := range []bool{true, false} {
+			if got, want := len(encodePack(nil, rows, withJobs)), packSize(rows, withJobs); got != want {
+				t.Fatalf("%d rows (jobs %v): %d bytes, sized %d", n, withJobs, got, want)
+			}
+		}
+		var got []logRow
+		if err := decodePack(encodePack(nil, rows, true), "", func(r logRow) error { got = append(got, r); return nil }); err != nil || len(got) != n {
+			t.Fatalf("%d rows decode to %d: %v", n, len(got), err)
+		}
+		for i, r := range got {
+			if r.job != rows[i].job || !bytes.Equal(r.row, rows[i].row) {
+				t.Fatalf("row %d of %d decodes to %q %x", i, n, r.job, r.row)
+			}
+		}
+	}
+	for _, v := range []uint64{0, 1, 127, 128, 16383, 16384, 1<<63 - 1, 1<<64 - 1} {
+		if uvarintLen(v) != len(binary.AppendUvarint(nil, v)) {
+			t.Fatalf("uvarintLen(%d) = %d", v, uvarintLen(v))
+		}
+	}
+}

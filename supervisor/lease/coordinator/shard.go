@@ -147,6 +147,9 @@ type shard struct {
 	// rowBuf is where judge encodes each row before copying it out at
 	// its size: the encoding grows its buffer several times, once.
 	rowBuf []byte
+	// spare is a committed batch whose slices the next batch reuses
+	// (recycle).
+	spare *batch
 	// ctx is the run's context without its cancellation (Run sets it).
 	ctx   context.Context
 	inbox chan op
@@ -235,7 +238,7 @@ func (s *shard) reset(term uint64) {
 	s.openJudged = make(holderIndex)
 	s.deadlines = lease.DeadlineQueue{}
 	s.recover = nil
-	s.building, s.sealed, s.inflight = nil, nil, nil
+	s.building, s.sealed, s.inflight, s.spare = nil, nil, nil, nil
 	s.owesReply = false
 	s.expect = 0
 	s.finished = make(chan *batch, 1)
@@ -373,6 +376,7 @@ func (s *shard) run(stopping <-chan struct{}, commits chan<- *batch, replies *re
 		case b := <-s.finished:
 			s.complete(b)
 			s.holdFor(b)
+			s.recycle(b)
 			// The next batch goes to the committer before the answers,
 			// so the commit runs while they are delivered (unless it
 			// waits for the callers answered: holding).
@@ -795,7 +799,32 @@ func (s *shard) expireBeforeRead() { s.expire() }
 
 func (s *shard) newBatch() *batch {
 	s.batchSeq++
-	return &batch{shard: s, term: s.term, seq: s.batchSeq}
+	b := &batch{shard: s, term: s.term, seq: s.batchSeq}
+	if sp := s.spare; sp != nil {
+		s.spare = nil
+		b.touched, b.snapshots, b.checkpoints, b.answers = sp.touched[:0], sp.snapshots[:0], sp.checkpoints[:0], sp.answers[:0]
+	}
+	return b
+}
+
+// recycleCap bounds the slices a committed batch leaves to the next one:
+// a termination's batch of thousands is not kept for the renewals after.
+const recycleCap = 128
+
+// recycle keeps the slices of b, committed and published (complete) and
+// its answers moved to the shard's (s.answers), for the next batch: an
+// answer and a snapshot each hold a lease, so growing them again for
+// every commit of a few dozen renewals allocated some 100 KB a commit.
+// Nothing reads b's elements after complete; they are zeroed here so that
+// the leases and callbacks they held go.
+func (s *shard) recycle(b *batch) {
+	if b.err != nil || max(cap(b.touched), cap(b.snapshots), cap(b.checkpoints), cap(b.answers)) > recycleCap {
+		return
+	}
+	clear(b.touched)
+	clear(b.snapshots)
+	clear(b.answers)
+	s.spare = b
 }
 
 // entryCost is what the store adds to a write beyond its key and value
