@@ -273,3 +273,48 @@ func TestRogue45HPacksAreSizedOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestRogue45HSameFieldIsItsOwnField holds sameField, which lets a row's
+// delta skip encoding the fields a decision left alone, to encodeField's
+// numbering: a lease that differs from another in field i alone (set
+// through decodeField(i), so by the codec's own numbering) is "not the
+// same" in field i and "the same" in every other. A field compared under
+// another's number would drop its change from the row.
+func TestRogue45HSameFieldIsItsOwnField(t *testing.T) {
+	a := sampleLease()
+	at := time.Date(2031, 1, 2, 3, 4, 5, 6, time.UTC)
+	b := lease.Lease{
+		JobID: "job/other", LeaseID: "l_2", Generation: 9, HolderIdentity: "n_v", IssuedAt: at, LeaseDuration: time.Minute,
+		ExpiresAt: at.Add(time.Minute), AckDeadline: at.Add(time.Second), AckState: lease.AckMissed, State: lease.StateTerminal,
+		RenewSequence: 4, RenewTime: at.Add(2 * time.Second), ProgressSequence: 15, ProgressValue: "71%",
+		CancelRequested: false, CancelRequestedAt: at.Add(3 * time.Second), CancelAck: true, CancelAckedAt: at.Add(4 * time.Second),
+		TerminalResult: lease.ResultFailed, TerminalAt: at.Add(5 * time.Second), TerminalDetail: "e", UnresolvedUntil: at.Add(6 * time.Second),
+		StaleGeneration: false, LateProgress: false, LeaseExpired: true, OwnershipConflict: false, ConflictHolder: "n_y",
+		AcquireTime: at.Add(7 * time.Second), LastRenewTime: at.Add(8 * time.Second), Transitions: 8, Owner: "n_other",
+		FormerHolders: [lease.MaxFormerHolders]string{"n_a"}, AutoReassigns: 3, ResolvedByCoordinator: true,
+	}
+	for i := range leaseFields {
+		field := encoder{}
+		encodeField(&field, i, &b, 0)
+		c := a
+		d := decoder{b: field.b}
+		decodeField(&d, i, &c, 0)
+		if d.err != nil || len(d.b) != 0 {
+			t.Fatalf("field %d: %v", i, d.err)
+		}
+		var was, now encoder
+		encodeField(&was, i, &a, 0)
+		encodeField(&now, i, &c, 0)
+		if bytes.Equal(was.b, now.b) {
+			t.Fatalf("field %d: the two leases write it the same; the test needs them to differ", i)
+		}
+		for j := range leaseFields {
+			if got := sameField(j, &a, &c); got != (j != i) {
+				t.Fatalf("leases differing in field %d alone: sameField(%d) = %v", i, j, got)
+			}
+		}
+	}
+	if sameField(leaseFields, &a, &a) {
+		t.Fatal("a field past the last is reported the same")
+	}
+}
