@@ -2,6 +2,7 @@ package lease
 
 import (
 	"fmt"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -378,7 +379,8 @@ func describe(m Message) string {
 	case Ack:
 		return "ack " + describeClaim(m.Claim)
 	case Renew:
-		return fmt.Sprintf("renew %s seq %d", describeClaim(m.Claim), m.RenewSequence)
+		var buf [160]byte
+		return string(appendRenew(buf[:0], m))
 	case Progress:
 		return fmt.Sprintf("progress %s seq %d value %q", describeClaim(m.Claim), m.ProgressSequence, m.ProgressValue)
 	case CancelAck:
@@ -407,5 +409,38 @@ func describe(m Message) string {
 }
 
 func describeClaim(c Claim) string {
-	return fmt.Sprintf("gen %d lease %q from %q", c.Generation, c.LeaseID, c.HolderIdentity)
+	var buf [128]byte
+	return string(appendClaim(buf[:0], c))
+}
+
+// appendClaim appends what describeClaim returns, as fmt would render
+// "gen %d lease %q from %q" (%q of a string is strconv.Quote), without
+// fmt: every renewal's reason starts with it.
+func appendClaim(dst []byte, c Claim) []byte {
+	dst = append(dst, "gen "...)
+	dst = strconv.AppendUint(dst, c.Generation, 10)
+	dst = append(dst, " lease "...)
+	dst = appendQuoted(dst, c.LeaseID)
+	dst = append(dst, " from "...)
+	return appendQuoted(dst, c.HolderIdentity)
+}
+
+// appendQuoted appends strconv.Quote(s). An id of printable ASCII without
+// a double quote or a backslash, as ids mostly are, quotes as itself
+// between double quotes; only the others go through strconv's rune by
+// rune escaping.
+func appendQuoted(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' {
+			return strconv.AppendQuote(dst, s)
+		}
+	}
+	return append(append(append(dst, '"'), s...), '"')
+}
+
+// appendRenew appends describe(m) of a renew: "renew %s seq %d".
+func appendRenew(dst []byte, m Renew) []byte {
+	dst = appendClaim(append(dst, "renew "...), m.Claim)
+	dst = append(dst, " seq "...)
+	return strconv.AppendUint(dst, m.RenewSequence, 10)
 }

@@ -113,6 +113,8 @@ type judge struct {
 	events  []Event
 	notes   []string // what the clock forced before the message was judged
 	illegal error
+	// msg is the message being judged.
+	msg Message
 	// observed counts the events the clock forced; tickOwnsObserved says a
 	// Tick's decision is that forced transition itself.
 	observed         int
@@ -120,6 +122,7 @@ type judge struct {
 }
 
 func (j *judge) run(m Message) Decision {
+	j.msg = m
 	if err := j.p.Validate(); err != nil {
 		return rejectErr(ErrInvalidPolicy, "%s not judged: %v", describeSafe(m), err)
 	}
@@ -286,7 +289,7 @@ func (j *judge) note(format string, args ...any) {
 // compose builds the final reason: what the clock forced, the judgement,
 // and any note on the worker's clock.
 func (j *judge) compose(m Message, reason string) string {
-	parts := append(append([]string(nil), j.notes...), reason)
+	var clockNote string
 	if w, ok := m.(workerMessage); ok {
 		if sent := w.claimed().SentAt; !sent.IsZero() {
 			// Sub saturates for dates centuries off, and negating the
@@ -297,10 +300,17 @@ func (j *judge) compose(m Message, reason string) string {
 				if skew == math.MinInt64 || skew == math.MaxInt64 {
 					by = "more than 290 years"
 				}
-				parts = append(parts, fmt.Sprintf("worker sent_at %s differs from the coordinator clock by %s (allowance %s); sent_at is evidence only",
-					ts(sent), by, j.p.SkewAllowance))
+				clockNote = fmt.Sprintf("worker sent_at %s differs from the coordinator clock by %s (allowance %s); sent_at is evidence only",
+					ts(sent), by, j.p.SkewAllowance)
 			}
 		}
+	}
+	if len(j.notes) == 0 && clockNote == "" {
+		return reason // what joining the one part gives, without the slice
+	}
+	parts := append(append([]string(nil), j.notes...), reason)
+	if clockNote != "" {
+		parts = append(parts, clockNote)
 	}
 	return strings.Join(parts, "; ")
 }
@@ -314,8 +324,11 @@ func (j *judge) current() string {
 // checkClaim rejects a worker message that does not speak for the current
 // generation's lease and holder. It records stale traffic and ownership
 // conflicts on the lease as evidence.
-func (j *judge) checkClaim(m workerMessage) (Decision, bool) {
-	c, l := m.claimed(), &j.l
+//
+// c is the message's claim, and the message itself is j.msg: taking the
+// message as an interface again here boxed every renewal a second time.
+func (j *judge) checkClaim(c Claim) (Decision, bool) {
+	m, l := j.msg, &j.l
 	switch {
 	case c.Generation < l.Generation:
 		l.StaleGeneration = true
@@ -407,7 +420,7 @@ func (j *judge) offer(m Offer) Decision {
 }
 
 func (j *judge) ack(m Ack) Decision {
-	if d, ok := j.checkClaim(m); !ok {
+	if d, ok := j.checkClaim(m.Claim); !ok {
 		return d
 	}
 	l := &j.l
@@ -438,7 +451,7 @@ func (j *judge) ack(m Ack) Decision {
 }
 
 func (j *judge) renew(m Renew) Decision {
-	if d, ok := j.checkClaim(m); !ok {
+	if d, ok := j.checkClaim(m.Claim); !ok {
 		return d
 	}
 	l := &j.l
@@ -478,7 +491,7 @@ func (j *judge) renew(m Renew) Decision {
 		l.RenewTime = j.now
 		l.LastRenewTime = j.now
 		l.ExpiresAt = j.now.Add(l.LeaseDuration)
-		return accept(EventRenewed, "%s accepted at %s: expiry %s -> %s", describe(m), ts(j.now), ts(previous), ts(l.ExpiresAt))
+		return Decision{Outcome: OutcomeAccepted, Event: EventRenewed, Reason: renewAccepted(m, j.now, previous, l.ExpiresAt)}
 	case StateExpired:
 		return reject(EventLeaseExpired, ErrLeaseExpired,
 			"%s at %s: %s; an expired generation is never revived", describe(m), ts(j.now), j.current())
@@ -489,7 +502,7 @@ func (j *judge) renew(m Renew) Decision {
 }
 
 func (j *judge) progress(m Progress) Decision {
-	if d, ok := j.checkClaim(m); !ok {
+	if d, ok := j.checkClaim(m.Claim); !ok {
 		return d
 	}
 	l := &j.l
@@ -534,7 +547,7 @@ func (j *judge) progress(m Progress) Decision {
 }
 
 func (j *judge) cancelAck(m CancelAck) Decision {
-	if d, ok := j.checkClaim(m); !ok {
+	if d, ok := j.checkClaim(m.Claim); !ok {
 		return d
 	}
 	l := &j.l
@@ -591,7 +604,7 @@ func (j *judge) cancelAck(m CancelAck) Decision {
 }
 
 func (j *judge) complete(m Complete) Decision {
-	if d, ok := j.checkClaim(m); !ok {
+	if d, ok := j.checkClaim(m.Claim); !ok {
 		return d
 	}
 	l := &j.l
@@ -932,4 +945,26 @@ func ts(t time.Time) string {
 		return "(unset)"
 	}
 	return t.UTC().Format(time.RFC3339Nano)
+}
+
+// appendTS appends ts(t).
+func appendTS(dst []byte, t time.Time) []byte {
+	if t.IsZero() {
+		return append(dst, "(unset)"...)
+	}
+	return t.UTC().AppendFormat(dst, time.RFC3339Nano)
+}
+
+// renewAccepted is an accepted renewal's reason, fmt.Sprintf("%s accepted
+// at %s: expiry %s -> %s", describe(m), ts(now), ts(was), ts(expires)),
+// built in one buffer: every renewal a holder sends is judged here, and
+// fmt's reflection and the four strings in between cost more than the
+// rest of the judgement.
+func renewAccepted(m Renew, now, was, expires time.Time) string {
+	var buf [256]byte
+	b := appendRenew(buf[:0], m)
+	b = appendTS(append(b, " accepted at "...), now)
+	b = appendTS(append(b, ": expiry "...), was)
+	b = appendTS(append(b, " -> "...), expires)
+	return string(b)
 }

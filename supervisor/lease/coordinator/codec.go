@@ -382,13 +382,27 @@ func encodeRow(dst []byte, prev lease.Lease, r storedRow) []byte {
 	e.uint(uint64(r.Decision.Outcome))
 	e.uint(uint64(r.Decision.Event))
 	e.uint(uint64(r.Kind))
-	reason, quoted := compactQuoted(nil, r.Decision.Reason, reasonDict(prev, r.Lease), reasonValues(prev, r.Lease), base)
+	// The reason is compacted in place, after the row so far, and its
+	// length put in front of it after: no buffer of its own.
+	var dict [reasonDictSize]string
+	mark := len(e.b)
+	var quoted bool
+	e.b, quoted = compactQuoted(e.b, r.Decision.Reason, appendReasonDict(dict[:0], &prev, &r.Lease), reasonValues(prev, r.Lease), base)
 	if quoted {
 		e.b[at] = evidenceSchemaDeltaQuoted
 	}
-	e.uint(uint64(len(reason)))
-	e.b = append(e.b, reason...)
-	return e.b
+	return insertLength(e.b, mark)
+}
+
+// insertLength puts the uvarint length of b[at:] in front of it, as
+// encoder.str would have written it.
+func insertLength(b []byte, at int) []byte {
+	var n [binary.MaxVarintLen64]byte
+	k := binary.PutUvarint(n[:], uint64(len(b)-at))
+	b = append(b, n[:k]...)
+	copy(b[at+k:], b[at:len(b)-k])
+	copy(b[at:], n[:k])
+	return b
 }
 
 // decodeRow decodes a row against prev, the lease before it (see

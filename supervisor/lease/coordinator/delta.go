@@ -235,22 +235,113 @@ func timeBase(decided time.Time) int64 {
 
 // encodeLeaseDelta writes the fields of next that differ from prev.
 func encodeLeaseDelta(e *encoder, prev, next *lease.Lease, base int64) {
+	// Each field of prev and of next is encoded after what e holds (the
+	// fields kept so far), compared there and next's kept if they
+	// differ; the mask goes in front of the kept fields at the end. No
+	// buffer of its own: two of them escaped to the heap on every row.
 	var mask uint64
-	var wasBuf, fieldsBuf [256]byte
-	was, fields := encoder{b: wasBuf[:0]}, encoder{b: fieldsBuf[:0]}
+	start := len(e.b)
 	for i := range leaseFields {
-		was.b = was.b[:0]
-		encodeField(&was, i, prev, base)
-		n := len(fields.b)
-		encodeField(&fields, i, next, base)
-		if bytes.Equal(was.b, fields.b[n:]) {
-			fields.b = fields.b[:n]
+		if sameField(i, prev, next) {
+			continue // most of a renewal's 34 fields: no need to encode them
+		}
+		was := len(e.b)
+		encodeField(e, i, prev, base)
+		now := len(e.b)
+		encodeField(e, i, next, base)
+		if bytes.Equal(e.b[was:now], e.b[now:]) {
+			e.b = e.b[:was]
 			continue
 		}
+		e.b = e.b[:was+copy(e.b[was:], e.b[now:])]
 		mask |= 1 << i
 	}
-	e.uint(mask)
-	e.b = append(e.b, fields.b...)
+	var m [binary.MaxVarintLen64]byte
+	k := binary.PutUvarint(m[:], mask)
+	e.b = append(e.b, m[:k]...)
+	copy(e.b[start+k:], e.b[start:len(e.b)-k])
+	copy(e.b[start:], m[:k])
+}
+
+// sameField reports that field i (encodeField's numbering) of a and b is
+// certainly written the same: equal values (a time equal as a value, its
+// location and monotonic reading included, is the same instant). false
+// means only "not known": encodeLeaseDelta then compares the encodings,
+// as it did for every field, so a field missing here costs time, never a
+// row; one compared under the wrong number would lose a change, which
+// TestRogue45HSameFieldIsItsOwnField holds against, field by field.
+func sameField(i int, a, b *lease.Lease) bool {
+	switch i {
+	case 0:
+		return a.JobID == b.JobID
+	case 1:
+		return a.LeaseID == b.LeaseID
+	case 2:
+		return a.Generation == b.Generation
+	case 3:
+		return a.HolderIdentity == b.HolderIdentity
+	case 4:
+		return a.IssuedAt == b.IssuedAt
+	case 5:
+		return a.LeaseDuration == b.LeaseDuration
+	case 6:
+		return a.ExpiresAt == b.ExpiresAt
+	case 7:
+		return a.AckDeadline == b.AckDeadline
+	case 8:
+		return a.AckState == b.AckState
+	case 9:
+		return a.State == b.State
+	case 10:
+		return a.RenewSequence == b.RenewSequence
+	case 11:
+		return a.RenewTime == b.RenewTime
+	case 12:
+		return a.ProgressSequence == b.ProgressSequence
+	case 13:
+		return a.ProgressValue == b.ProgressValue
+	case 14:
+		return a.CancelRequested == b.CancelRequested
+	case 15:
+		return a.CancelRequestedAt == b.CancelRequestedAt
+	case 16:
+		return a.CancelAck == b.CancelAck
+	case 17:
+		return a.CancelAckedAt == b.CancelAckedAt
+	case 18:
+		return a.TerminalResult == b.TerminalResult
+	case 19:
+		return a.TerminalAt == b.TerminalAt
+	case 20:
+		return a.TerminalDetail == b.TerminalDetail
+	case 21:
+		return a.UnresolvedUntil == b.UnresolvedUntil
+	case 22:
+		return a.StaleGeneration == b.StaleGeneration
+	case 23:
+		return a.LateProgress == b.LateProgress
+	case 24:
+		return a.LeaseExpired == b.LeaseExpired
+	case 25:
+		return a.OwnershipConflict == b.OwnershipConflict
+	case 26:
+		return a.ConflictHolder == b.ConflictHolder
+	case 27:
+		return a.AcquireTime == b.AcquireTime
+	case 28:
+		return a.LastRenewTime == b.LastRenewTime
+	case 29:
+		return a.Transitions == b.Transitions
+	case 30:
+		return a.Owner == b.Owner
+	case 31:
+		return a.FormerHolders == b.FormerHolders
+	case 32:
+		return a.AutoReassigns == b.AutoReassigns
+	case 33:
+		return a.ResolvedByCoordinator == b.ResolvedByCoordinator
+	}
+	return false
 }
 
 // decodeLeaseDelta applies a delta written by encodeLeaseDelta to prev.
@@ -340,8 +431,16 @@ func quotedAt(s string) (raw string, n int) {
 // never stored. Only ids that quote without escapes are entered, so the
 // quoted form is the id between two double quotes.
 func reasonDict(prev, next lease.Lease) []string {
-	var dict []string
-	for _, id := range []string{next.LeaseID, next.HolderIdentity, next.JobID, next.ConflictHolder,
+	return appendReasonDict(make([]string, 0, reasonDictSize), &prev, &next)
+}
+
+// reasonDictSize is the most ids a row's dictionary holds.
+const reasonDictSize = 7
+
+// appendReasonDict appends reasonDict(*prev, *next) to dict (which the
+// row's encoder keeps on its stack).
+func appendReasonDict(dict []string, prev, next *lease.Lease) []string {
+	for _, id := range [reasonDictSize]string{next.LeaseID, next.HolderIdentity, next.JobID, next.ConflictHolder,
 		prev.LeaseID, prev.HolderIdentity, prev.ConflictHolder} {
 		if len(id) >= 4 && plainID(id) && !slices.Contains(dict, id) {
 			dict = append(dict, id)
@@ -400,7 +499,11 @@ func compactQuoted(dst []byte, reason string, dict []string, vals *[2]string, ba
 		}
 		if starts[c] {
 			k, n := matchID(reason[i:], dict)
-			if c == '"' && vals != nil {
+			// A quoted id the dictionary matched (n > 0 at a double
+			// quote) is the whole quoted text there: an id holds no
+			// double quote or backslash (plainID), so the quote closes
+			// right after it and quotedAt would find no longer one.
+			if c == '"' && vals != nil && n == 0 {
 				if raw, q := quotedAt(reason[i:]); q > n {
 					switch {
 					case raw == vals[0] && q > 3:
@@ -573,6 +676,7 @@ func parseReasonTime(s string) (nanos int64, n int, ok bool) {
 	}
 	n = len(layout)
 	ns := 0
+	trailingZero := false
 	if s[n] == '.' {
 		digits := 0
 		for n+1+digits < len(s) && digits < 9 && s[n+1+digits] >= '0' && s[n+1+digits] <= '9' {
@@ -581,6 +685,7 @@ func parseReasonTime(s string) (nanos int64, n int, ok bool) {
 		if digits == 0 {
 			return 0, 0, false
 		}
+		trailingZero = s[n+digits] == '0'
 		ns = num(n+1, n+1+digits)
 		for range 9 - digits {
 			ns *= 10
@@ -591,8 +696,23 @@ func parseReasonTime(s string) (nanos int64, n int, ok bool) {
 		return 0, 0, false
 	}
 	n++
-	t := time.Date(num(0, 4), time.Month(num(5, 7)), num(8, 10), num(11, 13), num(14, 16), num(17, 19), ns, time.UTC)
+	year, month, day := num(0, 4), num(5, 7), num(8, 10)
+	hour, minute, sec := num(11, 13), num(14, 16), num(17, 19)
+	t := time.Date(year, time.Month(month), day, hour, minute, sec, ns, time.UTC)
 	nanos = t.UnixNano()
+	if year >= 1700 && year <= 2200 {
+		// Where Unix nanoseconds hold the instant, the fields render
+		// back to the same bytes exactly when none is out of its range
+		// (time.Date normalises month 13 to another instant) and the
+		// fraction has no trailing zero (appendReasonTime writes the
+		// shortest): checked here without rendering, as every renewal's
+		// reason holds three of these.
+		if month < 1 || month > 12 || day < 1 || day > daysIn(month, year) ||
+			hour > 23 || minute > 59 || sec > 59 || trailingZero {
+			return 0, 0, false
+		}
+		return nanos, n, true
+	}
 	// Out-of-range fields (month 13) normalise to another instant, and a
 	// fraction with trailing zeros renders shorter: both fail here.
 	var buf [40]byte
@@ -600,4 +720,18 @@ func parseReasonTime(s string) (nanos int64, n int, ok bool) {
 		return 0, 0, false
 	}
 	return nanos, n, true
+}
+
+// daysIn is the number of days of month (1–12) in year.
+func daysIn(month, year int) int {
+	switch month {
+	case 2:
+		if year%4 == 0 && (year%100 != 0 || year%400 == 0) {
+			return 29
+		}
+		return 28
+	case 4, 6, 9, 11:
+		return 30
+	}
+	return 31
 }

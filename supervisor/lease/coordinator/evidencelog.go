@@ -116,7 +116,9 @@ func rowNumber(b []byte) (uint64, error) {
 // encodePack writes rows as one value. withJobs: each row names its job
 // (the log); otherwise the rows are the key's job's (a job's pack).
 func encodePack(dst []byte, rows []logRow, withJobs bool) []byte {
-	e := encoder{b: append(dst, evidenceSchemaPack)}
+	// Sized once: grown row by row, a log pack of a commit's rows was
+	// copied some ten times over on its way to its size.
+	e := encoder{b: append(slices.Grow(dst, packSize(rows, withJobs)), evidenceSchemaPack)}
 	e.uint(uint64(len(rows)))
 	for _, r := range rows {
 		if withJobs {
@@ -124,9 +126,32 @@ func encodePack(dst []byte, rows []logRow, withJobs bool) []byte {
 		} else {
 			e.str("")
 		}
-		e.str(string(r.row))
+		e.uint(uint64(len(r.row))) // as e.str, without a string of the row
+		e.b = append(e.b, r.row...)
 	}
 	return e.b
+}
+
+// packSize is the length of encodePack(nil, rows, withJobs).
+func packSize(rows []logRow, withJobs bool) int {
+	size := 1 + uvarintLen(uint64(len(rows)))
+	for _, r := range rows {
+		job := 0
+		if withJobs {
+			job = len(r.job)
+		}
+		size += uvarintLen(uint64(job)) + job + uvarintLen(uint64(len(r.row))) + len(r.row)
+	}
+	return size
+}
+
+// uvarintLen is how many bytes binary.AppendUvarint writes for v.
+func uvarintLen(v uint64) int {
+	n := 1
+	for ; v >= 0x80; v >>= 7 {
+		n++
+	}
+	return n
 }
 
 // decodePack reads what encodePack wrote. Under a job's prefix (job set)

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -143,6 +144,12 @@ func (b *batch) empty() bool { return b.messages == 0 && len(b.answers) == 0 }
 type shard struct {
 	c     *Coordinator
 	index int
+	// rowBuf is where judge encodes each row before copying it out at
+	// its size: the encoding grows its buffer several times, once.
+	rowBuf []byte
+	// spare is a committed batch whose slices the next batch reuses
+	// (recycle).
+	spare *batch
 	// ctx is the run's context without its cancellation (Run sets it).
 	ctx   context.Context
 	inbox chan op
@@ -231,7 +238,7 @@ func (s *shard) reset(term uint64) {
 	s.openJudged = make(holderIndex)
 	s.deadlines = lease.DeadlineQueue{}
 	s.recover = nil
-	s.building, s.sealed, s.inflight = nil, nil, nil
+	s.building, s.sealed, s.inflight, s.spare = nil, nil, nil, nil
 	s.owesReply = false
 	s.expect = 0
 	s.finished = make(chan *batch, 1)
@@ -369,6 +376,7 @@ func (s *shard) run(stopping <-chan struct{}, commits chan<- *batch, replies *re
 		case b := <-s.finished:
 			s.complete(b)
 			s.holdFor(b)
+			s.recycle(b)
 			// The next batch goes to the committer before the answers,
 			// so the commit runs while they are delivered (unless it
 			// waits for the callers answered: holding).
@@ -697,7 +705,8 @@ func (s *shard) judge(e *entry, job string, m lease.Message, now time.Time, done
 	if isAnchor(row.Number) {
 		encoded = encodeRowAnchor(nil, row)
 	} else {
-		encoded = encodeRow(nil, current, row)
+		s.rowBuf = encodeRow(s.rowBuf[:0], current, row)
+		encoded = bytes.Clone(s.rowBuf)
 	}
 	b.rows = append(b.rows, logRow{job, row.Number, encoded})
 	b.bytes += len(job) + len(encoded) + 8
@@ -790,7 +799,32 @@ func (s *shard) expireBeforeRead() { s.expire() }
 
 func (s *shard) newBatch() *batch {
 	s.batchSeq++
-	return &batch{shard: s, term: s.term, seq: s.batchSeq}
+	b := &batch{shard: s, term: s.term, seq: s.batchSeq}
+	if sp := s.spare; sp != nil {
+		s.spare = nil
+		b.touched, b.snapshots, b.checkpoints, b.answers = sp.touched[:0], sp.snapshots[:0], sp.checkpoints[:0], sp.answers[:0]
+	}
+	return b
+}
+
+// recycleCap bounds the slices a committed batch leaves to the next one:
+// a termination's batch of thousands is not kept for the renewals after.
+const recycleCap = 128
+
+// recycle keeps the slices of b, committed and published (complete) and
+// its answers moved to the shard's (s.answers), for the next batch: an
+// answer and a snapshot each hold a lease, so growing them again for
+// every commit of a few dozen renewals allocated some 100 KB a commit.
+// Nothing reads b's elements after complete; they are zeroed here so that
+// the leases and callbacks they held go.
+func (s *shard) recycle(b *batch) {
+	if b.err != nil || max(cap(b.touched), cap(b.snapshots), cap(b.checkpoints), cap(b.answers)) > recycleCap {
+		return
+	}
+	clear(b.touched)
+	clear(b.snapshots)
+	clear(b.answers)
+	s.spare = b
 }
 
 // entryCost is what the store adds to a write beyond its key and value
