@@ -140,6 +140,31 @@ func TestRogue45GBAPeersFramesDoNotWriteTheServersWarnings(t *testing.T) {
 			}
 		})
 	}
+	// Over TLS, a connection that fails its handshake (here bytes that
+	// are not a TLS record) was a warning each.
+	t.Run("a failed TLS handshake", func(t *testing.T) {
+		var logged lockedBuffer
+		files := testserver.NewTLSFiles(t)
+		srv := testserver.Start(t, func(cfg *controlplane.Config) {
+			cfg.Logger = slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			cfg.TLSCert, cfg.TLSKey = files.ServerCert, files.ServerKey
+		})
+		before := logged.String()
+		nc, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		if _, err := nc.Write([]byte("\x00\x01\x02\x03\x04\x05\x06\x07")); err != nil {
+			t.Fatal(err)
+		}
+		// The server closes the connection once the handshake failed,
+		// after logging it.
+		_, _ = io.Copy(io.Discard, nc)
+		if lines := strings.Count(strings.TrimPrefix(logged.String(), before), "level=WARN"); lines > 0 {
+			t.Fatalf("a client without a credential had the server write %d warnings for its failed handshake:\n%s", lines, strings.TrimPrefix(logged.String(), before))
+		}
+	})
 }
 
 // lockedBuffer is a bytes.Buffer written from the server's goroutines.
