@@ -184,3 +184,53 @@ func (b *lockedBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// TestRogue45GCATruncatedMessageIsNotLoggedAsTheServersError: a stream's
+// message cut short by its sender (an envelope promising more bytes than
+// its body holds, then END_STREAM) is failed by Connect as "internal: protocol
+// error", and the observer logged every internal error as the server's
+// own, at error level ("rpc failed"). Server reflection's stream is served
+// without a credential, and its message is charged to the anonymous
+// budget only once it is read: a client without a credential had the
+// server write an error line for each such request, free, as often as it
+// sent one (curl on `tether serve`: one a request). A stream whose
+// message its caller broke is now logged at debug level, as a refusal is;
+// the caller is still answered as before.
+func TestRogue45GCATruncatedMessageIsNotLoggedAsTheServersError(t *testing.T) {
+	var logged lockedBuffer
+	srv := testserver.Start(t, func(cfg *controlplane.Config) {
+		cfg.Logger = slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	})
+	truncated := []byte{0, 0, 0, 0, 100, 'x'} // promises 100 bytes, holds 1
+	for _, tc := range []struct {
+		name   string
+		header http.Header
+	}{
+		{"Connect", http.Header{"Content-Type": {"application/connect+proto"}}},
+		{"gRPC", http.Header{"Content-Type": {"application/grpc+proto"}, "Te": {"trailers"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := logged.String()
+			req, err := http.NewRequest(http.MethodPost, srv.URL+"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", bytes.NewReader(truncated))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header = tc.header // no credential
+			resp, err := testserver.H2CClient().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			// The answer (its trailers read) is written after the
+			// handler returned and the observer logged it.
+			msg := string(body) + resp.Trailer.Get("Grpc-Message")
+			if !strings.Contains(msg, "promised 100 bytes") {
+				t.Fatalf("%s: %q, want the truncated message refused", resp.Status, msg)
+			}
+			if lines := strings.Count(strings.TrimPrefix(logged.String(), before), "level=ERROR"); lines > 0 {
+				t.Fatalf("a client without a credential had the server log %d errors for its own broken message:\n%s", lines, strings.TrimPrefix(logged.String(), before))
+			}
+		})
+	}
+}
