@@ -1058,9 +1058,14 @@ func boundedMessages(limit int) connect.HandlerOption {
 const MaxPublicMessageBytes = 4 << 10
 
 // publicMessages is boundedMessages for the public endpoints: at most
-// MaxPublicMessageBytes, and never more than the API's limit.
+// MaxPublicMessageBytes, and never more than the API's limit. Their
+// answers are gzipped, for a client that accepts it, only from
+// compressMinBytes, as the API's are: Connect's default gzips an answer of
+// any size, and until the forty-fifth pass a health check's answer of two
+// bytes had the server reset a flate compressor for anyone who asked
+// (rogue45g test TestRogue45GPublicEndpointsDoNotGzipSmallAnswers).
 func publicMessages(limit int) connect.HandlerOption {
-	return boundedMessages(min(limit, MaxPublicMessageBytes))
+	return connect.WithHandlerOptions(boundedMessages(min(limit, MaxPublicMessageBytes)), connect.WithCompressMinBytes(compressMinBytes))
 }
 
 // boundedGzip replaces Connect's gzip decompressor with one that stops

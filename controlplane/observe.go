@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -100,6 +101,17 @@ func newObserver(meter metric.Meter, log *slog.Logger, procedures map[string]boo
 }
 
 func (o *observer) record(ctx context.Context, procedure string, start time.Time, err error) {
+	o.recordFrom(ctx, procedure, start, err, false)
+}
+
+// recordFrom is record for an RPC whose error may be its caller's doing:
+// fromPeer, a stream whose message the caller broke (receiveWatch), is
+// logged at debug level as a refusal is, whatever its code — Connect fails
+// a message cut short as internal ("protocol error"), and one line at
+// error level for each such request, free without a credential on server
+// reflection's stream, was the caller's to write (rogue45g test
+// TestRogue45GCATruncatedMessageIsNotLoggedAsTheServersError).
+func (o *observer) recordFrom(ctx context.Context, procedure string, start time.Time, err error, fromPeer bool) {
 	code := "ok"
 	if err != nil {
 		code = connect.CodeOf(err).String()
@@ -115,6 +127,8 @@ func (o *observer) record(ctx context.Context, procedure string, start time.Time
 		if o.log.Enabled(ctx, slog.LevelDebug) {
 			o.log.Debug("rpc", "procedure", procedure, "duration", elapsed)
 		}
+	case fromPeer:
+		o.log.Debug("rpc refused: the caller's message could not be read", "procedure", procedure, "code", code, "error", err)
 	case connect.CodeOf(err) == connect.CodeInternal || connect.CodeOf(err) == connect.CodeUnknown:
 		o.log.Error("rpc failed", "procedure", procedure, "code", code, "error", err)
 	default:
@@ -154,13 +168,43 @@ func (o *observer) WrapStreamingHandler(next connect.StreamingHandlerFunc) conne
 			open.Inc()
 			defer open.Dec()
 		}
-		err := toConnect(next(ctx, conn))
+		rw := &receiveWatch{StreamingHandlerConn: conn}
+		err := toConnect(next(ctx, rw))
 		if err != nil && !errors.Is(err, context.Canceled) {
 			span.SetStatus(codes.Error, connect.CodeOf(err).String())
 		}
-		o.record(ctx, conn.Spec().Procedure, start, err)
+		o.recordFrom(ctx, conn.Spec().Procedure, start, err, rw.brokeIt(err))
 		return err
 	}
+}
+
+// receiveWatch remembers the error with which reading the caller's next
+// message failed (its end, io.EOF, aside): a stream that ends with it
+// ended for what its caller sent (a message cut short, one past the
+// limit, one that does not decode), not for a fault of the server's.
+// A relay may still be receiving as its handler returns (a forwarded
+// Channel's reader), so it is read under mu.
+type receiveWatch struct {
+	connect.StreamingHandlerConn
+	mu     sync.Mutex
+	failed error
+}
+
+func (r *receiveWatch) Receive(m any) error {
+	err := r.StreamingHandlerConn.Receive(m)
+	if err != nil && !errors.Is(err, io.EOF) {
+		r.mu.Lock()
+		r.failed = err
+		r.mu.Unlock()
+	}
+	return err
+}
+
+// brokeIt reports whether err is the error a Receive failed with.
+func (r *receiveWatch) brokeIt(err error) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.failed != nil && errors.Is(err, r.failed)
 }
 
 // recoverPanic turns a handler panic into an Internal error without the

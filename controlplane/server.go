@@ -13,11 +13,13 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -598,7 +600,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		MaxHeaderBytes:    limits.MaxHeaderBytes,
 		IdleTimeout:       limits.IdleTimeout,
 		ConnContext:       connContext,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		ErrorLog:          httpErrorLog(s.log),
 		HTTP2: &http.HTTP2Config{
 			MaxConcurrentStreams: limits.MaxStreamsPerConn,
 			SendPingTimeout:      limits.PingInterval,
@@ -791,3 +793,44 @@ const (
 // of its admitted unary calls being written each node may have beyond its
 // lineage's share of those (answersBounded), counted apart again.
 const BodyReserve = 4
+
+// peerLines are the beginnings of the lines net/http's servers write to
+// their error log for what a peer did to its own connection: a TLS
+// handshake it failed, a preface or SETTINGS it did not send, a PING it
+// did not answer, a protocol error, a GOAWAY with an error code. Anyone
+// who can reach the port writes them, without a credential, and the last
+// once a frame: a GOAWAY of 17 bytes, a hundred and more on a connection
+// (its frame budget's burst) before it closes (rogue45g test
+// TestRogue45GBAPeersFramesDoNotWriteTheServersWarnings).
+var peerLines = []string{
+	"http: TLS handshake error from ",
+	"http2: server: error reading preface from client ",
+	"timeout waiting for SETTINGS frames from ",
+	"timeout waiting for PING response",
+	"http2: server connection error from ",
+	"http2: received GOAWAY ",
+}
+
+// httpErrorLog is the error log of the API's http.Server: what a peer did
+// to its own connection (peerLines) is logged at debug level, as the
+// observer logs a refusal; the rest — the server's own faults (a panic
+// serving, an answer's headers written twice, an Accept failing) — as a
+// warning.
+func httpErrorLog(l *slog.Logger) *log.Logger {
+	return log.New(httpErrorWriter{l}, "", 0)
+}
+
+type httpErrorWriter struct{ l *slog.Logger }
+
+func (w httpErrorWriter) Write(p []byte) (int, error) {
+	line := strings.TrimSuffix(string(p), "\n")
+	level := slog.LevelWarn
+	for _, prefix := range peerLines {
+		if strings.HasPrefix(line, prefix) {
+			level = slog.LevelDebug
+			break
+		}
+	}
+	w.l.Log(context.Background(), level, line)
+	return len(p), nil
+}
