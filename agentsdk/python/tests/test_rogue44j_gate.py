@@ -16,13 +16,12 @@ carries nothing at the refresh interval whether it opened or not.
 
 from __future__ import annotations
 
-import http.client
 import threading
 import urllib.parse
 
 from conftest import NO_RETRY
-from helpers import LoopbackPeer, QuietHandler, relay_end, terminate
-from tether_agentsdk import Conn, ToolCallCancelled, ToolGate, current_call
+from helpers import CancelledToolCall, LoopbackPeer, QuietHandler, relay_end, terminate
+from tether_agentsdk import Conn, ToolCallCancelled, ToolGate
 
 
 class WithholdingPath(LoopbackPeer):
@@ -44,9 +43,7 @@ class WithholdingPath(LoopbackPeer):
         class Handler(QuietHandler):
             def do_POST(self):
                 body = self.read_body()
-                up = http.client.HTTPConnection(peer.upstream.hostname, peer.upstream.port, timeout=60)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
-                up.request("POST", self.path, body=body, headers=headers)
+                up = self.forward(peer.upstream, body)
                 if not self.path.endswith("/WatchCancels"):
                     self.relay_answer(up)
                     return
@@ -74,41 +71,20 @@ def test_rogue44j_a_path_withholding_the_cancel_streams_headers_does_not_hold_th
     # The connection's default timeout: each open the path holds lasts it.
     gate = ToolGate(Conn(path.url, token, retry=NO_RETRY), name)
     gate.cancel_watch_refresh = 0.1
-    child = tree.root.spawn("rogue44j-caller")
-    grant = tree.root.delegate(tree.root_grant_id, child.node_id, ["tool:search"], ttl=600)
-    running = threading.Event()
-    heard: list[bool] = []
-    result: list[BaseException | None] = []
-
-    def tool() -> None:
-        call = current_call()
-        running.set()
-        # A guard against the hang (200 refresh intervals), not a timing.
-        heard.append(call.cancelled.wait(20))
-        call.check()
-
-    def caller() -> None:
-        try:
-            gate.run(grant.token, "search", tool)
-            result.append(None)
-        except BaseException as e:  # noqa: BLE001 — the test reads it
-            result.append(e)
-
+    call = CancelledToolCall(tree, gate, "rogue44j-caller")
     try:
         gate.start()
         # A guard against the hang, under the connection's 30 s timeout.
         assert gate.ready.wait(20), \
             f"the gate is not ready 20 s after it started: {path.streams()} WatchCancels stream(s) asked for, their headers withheld"
-        t = threading.Thread(target=caller, daemon=True)
-        t.start()
-        assert running.wait(10), "the tool did not run"
+        call.start()
         path.withholding.clear()  # the path honest from now on
-        terminate(tree.operator, child.node_id, "abort", ack="3600s")
-        t.join(30)
-        assert heard == [True], \
+        terminate(tree.operator, call.child.node_id, "abort", ack="3600s")
+        call.join()
+        assert call.heard == [True], \
             f"the gate is deaf: its tool ran on 20 s (200 refresh intervals) after its abort was ordered; " \
             f"{path.streams()} WatchCancels stream(s) asked for, the withheld one still waited on"
-        assert result and isinstance(result[0], ToolCallCancelled), f"the call ended with {result}, want ToolCallCancelled"
+        assert call.result and isinstance(call.result[0], ToolCallCancelled), f"the call ended with {call.result}, want ToolCallCancelled"
         assert path.streams() >= 2, f"the order heard on {path.streams()} stream(s): the withheld one relayed it"
     finally:
         gate.close()
