@@ -4,7 +4,7 @@
 // SDK's own path).
 import type { Interceptor } from "@connectrpc/connect";
 import { createConnectTransport, Http2SessionManager } from "@connectrpc/connect-node";
-import { Conn, MaxMessageBytes } from "../src/index.js";
+import { Conn, MaxMessageBytes, type ToolGate } from "../src/index.js";
 
 // dialThrough dials the control plane at baseUrl with token over HTTP/2,
 // each request passing interceptor after the auth one (the rogue path);
@@ -25,4 +25,42 @@ export function dialThrough(baseUrl: string, token: string, interceptor: Interce
       for (const m of managers) m.abort();
     },
   };
+}
+
+// A gated call whose tool runs until its call is cancelled.
+export interface CallUntilCancelled {
+  // The call's outcome.
+  call: Promise<string>;
+  // Resolves once the tool runs.
+  running: Promise<void>;
+  // The reason the tool's signal aborted with (undefined until it did).
+  stoppedWith: () => unknown;
+  // Ends the tool if it still runs (the test's end: a guard against the hang).
+  release: () => void;
+}
+
+// callUntilCancelled begins a call of the tool "write" through gate with
+// token, whose tool runs until its signal aborts, rejecting then with the
+// signal's reason, or until the test releases it.
+export function callUntilCancelled(gate: ToolGate, token: string): CallUntilCancelled {
+  let release!: () => void;
+  const guard = new Promise<void>((resolve) => (release = resolve));
+  let begun!: () => void;
+  const running = new Promise<void>((resolve) => (begun = resolve));
+  let stoppedWith: unknown;
+  const call = gate.call(token, "write", (signal) => {
+    begun();
+    return new Promise<string>((resolve, reject) => {
+      signal.addEventListener(
+        "abort",
+        () => {
+          stoppedWith = signal.reason;
+          reject(signal.reason);
+        },
+        { once: true },
+      );
+      void guard.then(() => resolve("the test ended with the tool still running"));
+    });
+  });
+  return { call, running, stoppedWith: () => stoppedWith, release };
 }
