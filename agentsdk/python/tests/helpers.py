@@ -140,6 +140,45 @@ class LoopbackPeer:
         self.server.server_close()
 
 
+class WatchCancelsPath(LoopbackPeer):
+    """A relay on loopback in front of the real server (a tool server's
+    path to its control plane) that relays every request as it came, bar
+    the gate's WatchCancels streams: it counts those, and hands each to
+    ``watch`` (which relays it as it came, its end too, unless a subclass
+    holds it)."""
+
+    def __init__(self, upstream: str):
+        super().__init__()
+        self.upstream = urllib.parse.urlsplit(upstream)
+        self.lock = threading.Lock()
+        self.watches = 0
+        peer = self
+
+        class Handler(QuietHandler):
+            def do_POST(self):
+                body = self.read_body()
+                up = self.forward(peer.upstream, body)
+                if not self.path.endswith("/WatchCancels"):
+                    self.relay_answer(up)
+                    return
+                with peer.lock:
+                    peer.watches += 1
+                    n = peer.watches
+                peer.watch(self, up, n)
+
+        self.serve(Handler)
+
+    def watch(self, handler: QuietHandler, up: http.client.HTTPConnection, n: int) -> None:
+        """Relays the WatchCancels stream numbered n (from 1) sent on up."""
+        threading.Thread(target=relay_end, args=(handler.connection, up.sock), daemon=True).start()
+        handler.relay_answer(up)
+
+    def streams(self) -> int:
+        """How many WatchCancels streams the gate asked for."""
+        with self.lock:
+            return self.watches
+
+
 # The renew loop's tick for a test that waits for the answer to one of the
 # loop's renewals (a renewal counted, a cancel request, a refusal): the tick
 # is also each renewal's deadline, so it is a guard against an answer that

@@ -21,11 +21,12 @@ flight now opens its stream anew every ``cancel_watch_refresh``.
 
 from __future__ import annotations
 
+import http.client
 import threading
 import urllib.parse
 
 from conftest import NO_RETRY
-from helpers import LOOP_RENEW_EVERY, CancelledToolCall, LoopbackPeer, QuietHandler, relay_end, terminate, wait_for
+from helpers import LOOP_RENEW_EVERY, CancelledToolCall, LoopbackPeer, QuietHandler, WatchCancelsPath, relay_end, terminate, wait_for
 from tether_agentsdk import Conn, LeaseWorker, ToolCallCancelled, ToolGate
 from tether_agentsdk.leaseworker import JOB_ENDED
 
@@ -100,7 +101,7 @@ def test_rogue43U_lease_worker_stops_a_job_whose_credential_is_dead(server, tree
         path.close()
 
 
-class StallingPath(LoopbackPeer):
+class StallingPath(WatchCancelsPath):
     """A relay on loopback in front of the real server (a tool server's path
     to its control plane) that holds the gate's first WatchCancels stream
     open and relays nothing of it (the stream reaches the control plane;
@@ -108,39 +109,16 @@ class StallingPath(LoopbackPeer):
     every other request, and every later stream, as it came. It counts the
     streams the gate opened."""
 
-    def __init__(self, upstream: str):
-        super().__init__()
-        self.upstream = urllib.parse.urlsplit(upstream)
-        self.lock = threading.Lock()
-        self.watches = 0
-        peer = self
-
-        class Handler(QuietHandler):
-            def do_POST(self):
-                body = self.read_body()
-                up = self.forward(peer.upstream, body)
-                if not self.path.endswith("/WatchCancels"):
-                    self.relay_answer(up)
-                    return
-                with peer.lock:
-                    peer.watches += 1
-                    first = peer.watches == 1
-                if not first:
-                    threading.Thread(target=relay_end, args=(self.connection, up.sock), daemon=True).start()
-                    self.relay_answer(up)
-                    return
-                self.relay_head(up.getresponse())
-                self.wfile.flush()
-                # Silent until the gate leaves the stream (or the test ends):
-                # then the control plane's end of it is shut too.
-                relay_end(self.connection, up.sock)
-                up.close()
-
-        self.serve(Handler)
-
-    def streams(self) -> int:
-        with self.lock:
-            return self.watches
+    def watch(self, handler: QuietHandler, up: http.client.HTTPConnection, n: int) -> None:
+        if n != 1:
+            super().watch(handler, up, n)
+            return
+        handler.relay_head(up.getresponse())
+        handler.wfile.flush()
+        # Silent until the gate leaves the stream (or the test ends):
+        # then the control plane's end of it is shut too.
+        relay_end(handler.connection, up.sock)
+        up.close()
 
 
 def test_rogue43U_a_silent_cancel_stream_does_not_deafen_the_gate(server, tree):

@@ -16,15 +16,15 @@ carries nothing at the refresh interval whether it opened or not.
 
 from __future__ import annotations
 
+import http.client
 import threading
-import urllib.parse
 
 from conftest import NO_RETRY
-from helpers import CancelledToolCall, LoopbackPeer, QuietHandler, relay_end, terminate
+from helpers import CancelledToolCall, QuietHandler, WatchCancelsPath, relay_end, terminate
 from tether_agentsdk import Conn, ToolCallCancelled, ToolGate
 
 
-class WithholdingPath(LoopbackPeer):
+class WithholdingPath(WatchCancelsPath):
     """A relay on loopback in front of the real server that holds every
     WatchCancels stream open and sends nothing of it back, not even its
     headers, while ``withholding`` is set, until the gate leaves it; it
@@ -32,36 +32,18 @@ class WithholdingPath(LoopbackPeer):
     It counts the streams the gate asked for."""
 
     def __init__(self, upstream: str):
-        super().__init__()
-        self.upstream = urllib.parse.urlsplit(upstream)
-        self.lock = threading.Lock()
-        self.watches = 0
         self.withholding = threading.Event()
         self.withholding.set()
-        peer = self
+        super().__init__(upstream)
 
-        class Handler(QuietHandler):
-            def do_POST(self):
-                body = self.read_body()
-                up = self.forward(peer.upstream, body)
-                if not self.path.endswith("/WatchCancels"):
-                    self.relay_answer(up)
-                    return
-                with peer.lock:
-                    peer.watches += 1
-                threading.Thread(target=relay_end, args=(self.connection, up.sock), daemon=True).start()
-                if peer.withholding.is_set():
-                    # Nothing back until the gate leaves the stream.
-                    relay_end(self.connection, up.sock)
-                    up.close()
-                    return
-                self.relay_answer(up)
-
-        self.serve(Handler)
-
-    def streams(self) -> int:
-        with self.lock:
-            return self.watches
+    def watch(self, handler: QuietHandler, up: http.client.HTTPConnection, n: int) -> None:
+        if not self.withholding.is_set():
+            super().watch(handler, up, n)
+            return
+        threading.Thread(target=relay_end, args=(handler.connection, up.sock), daemon=True).start()
+        # Nothing back until the gate leaves the stream.
+        relay_end(handler.connection, up.sock)
+        up.close()
 
 
 def test_rogue44j_a_path_withholding_the_cancel_streams_headers_does_not_hold_the_gate(server, tree):
