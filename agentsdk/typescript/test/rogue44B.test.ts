@@ -8,9 +8,9 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
 import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
-import { CancelWatchRefreshMs, JobEnded, LeaseWorker, ToolCallCancelled, ToolGate } from "../src/index.js";
+import { CancelWatchRefreshMs, JobEnded, LeaseWorker, ToolGate } from "../src/index.js";
 import { TerminationMode } from "../src/gen/tether/v1/proposal_pb.js";
-import { CallResolution, type ToolCall, type WatchCancelsResponse } from "../src/gen/tether/v1/tool_pb.js";
+import { type ToolCall, type WatchCancelsResponse } from "../src/gen/tether/v1/tool_pb.js";
 import { until } from "./peer.js";
 import { callUntilCancelled, type CallUntilCancelled, dialThrough } from "./roguepath.js";
 import { startServer, type TestServer, within } from "./server.js";
@@ -74,19 +74,11 @@ describe("rogue44B: a silent cancel stream does not deafen the gate", () => {
       });
       assert.ok(term.termination?.terminationId);
       // A guard against the hang, not a timing: 20 s is 400 refresh intervals.
-      const outcome: unknown = await within(
-        held.call.then((v) => `resolved ${v}`, (err: unknown) => err),
-        20_000,
+      await held.cancelled(
         () => `the gate is deaf: its tool still running 20 s (400 refresh intervals) after its abort was ordered; ${opened} WatchCancels stream(s) opened, the stalled one still waited on`,
-      ).catch((err: unknown) => {
-        held?.release();
-        throw err;
-      });
-      assert.ok(held.stoppedWith() instanceof ToolCallCancelled, `the tool's signal aborted with ${String(held.stoppedWith())}`);
-      assert.ok(outcome instanceof ToolCallCancelled, `the call ${String(outcome)}`);
+        recorded,
+      );
       assert.ok(opened >= 2, `the order heard on ${opened} stream(s): the stalled one relayed it`);
-      assert.equal(recorded.length, 1, `the gate reported ${recorded.length} ends of the call`);
-      assert.equal(recorded[0]!.resolution, CallResolution.CANCELLED_ACKED, `the call recorded ${CallResolution[recorded[0]!.resolution]}`);
     } finally {
       held?.release();
       await gate.close();
