@@ -14,7 +14,7 @@ import urllib.parse
 from typing import Callable
 
 from conftest import NO_RETRY
-from tether_agentsdk import Agent, Conn, ToolGate, current_call
+from tether_agentsdk import Agent, Conn, ToolCallCancelled, ToolGate, current_call
 
 
 def terminate(operator: Conn, node_id: str, mode: str = "drain", *, window: str = "60s", ack: str = "30s", confirm: str = "60s") -> dict:
@@ -399,6 +399,12 @@ class CancelledToolCall:
         self.thread.start()
         assert self.running.wait(10), "the tool did not run"
 
-    def join(self) -> None:
-        """Waits for the call to end (a guard against the hang)."""
+    def cancelled(self, operator: Conn, deaf: Callable[[], str]) -> None:
+        """Aborts the caller (the cancel's acknowledgement awaited an hour),
+        waits for the call to end (a guard against the hang), and asserts
+        that the tool heard its cancel (deaf says what it means if not) and
+        the call ended ToolCallCancelled."""
+        terminate(operator, self.child.node_id, "abort", ack="3600s")
         self.thread.join(30)
+        assert self.heard == [True], deaf()
+        assert self.result and isinstance(self.result[0], ToolCallCancelled), f"the call ended with {self.result}, want ToolCallCancelled"
