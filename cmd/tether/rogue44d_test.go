@@ -50,19 +50,11 @@ func newRogue44DWorld(t *testing.T) *rogue44dWorld {
 	return w
 }
 
-// waitTermination waits for termination id to reach state, and returns it.
+// waitTermination waits for termination id to reach state (and, when
+// terminated, its record), and returns it.
 func (w *rogue44dWorld) waitTermination(t *testing.T, id string, state tetherv1.TerminationState) *tetherv1.Termination {
 	t.Helper()
-	var last *tetherv1.Termination
-	testserver.WaitFor(t, 30*time.Second, "termination "+id+" to reach "+state.String(), func() bool {
-		resp, err := w.admin.Supervisor.GetTermination(context.Background(), connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: id}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		last = resp.Msg.Termination
-		return last.State == state && (state != tetherv1.TerminationState_TERMINATION_STATE_TERMINATED || last.RecordId != "")
-	})
-	return last
+	return testserver.WaitTermination(t, w.admin, id, state)
 }
 
 // recordRow is the row of `tether record ls` that lists record id.
@@ -89,27 +81,7 @@ func recordRow(t *testing.T, out, id string) string {
 // operator's termination, named, and not unaccounted.
 func TestRogue44DRecordShowTellsANodeLeftToAnotherStop(t *testing.T) {
 	w := newRogue44DWorld(t)
-	ctx := context.Background()
-	rogue := w.srv.Clients(w.creds["worker"])
-	inner, err := rogue.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
-		NodeId: w.nodes["helper"].NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN,
-		DrainWindow: durationpb.New(24 * time.Hour), CancelAckTimeout: durationpb.New(24 * time.Hour), ConfirmTimeout: durationpb.New(24 * time.Hour),
-		Reason: "routine cleanup",
-	}))
-	if err != nil {
-		t.Fatalf("the rogue's drain of its child: %v", err)
-	}
-	innerID := inner.Msg.Termination.TerminationId
-	w.waitTermination(t, innerID, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
-	outer, err := w.admin.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
-		NodeId: w.nodes["worker"].NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
-		CancelAckTimeout: durationpb.New(time.Hour), ConfirmTimeout: durationpb.New(time.Hour),
-	}))
-	if err != nil {
-		t.Fatalf("the operator's abort: %v", err)
-	}
-	outerID := outer.Msg.Termination.TerminationId
-	done := w.waitTermination(t, innerID, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	done, outerID := testserver.DrainLeftToAnotherStop(t, w.admin, w.srv.Clients(w.creds["worker"]), w.nodes["worker"].NodeId, w.nodes["helper"].NodeId)
 
 	out := mustCLI(t, w.srv.URL, w.srv.Admin, "record", "show", done.RecordId)
 	helper := w.nodes["helper"].NodeId
@@ -149,29 +121,7 @@ func TestRogue44DRecordShowSaysACallRanOnAfterItsCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	call := begun.Msg.Call.CallId
-	stop, err := w.admin.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
-		NodeId: w.nodes["worker"].NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
-		CancelAckTimeout: durationpb.New(time.Hour), ConfirmTimeout: durationpb.New(time.Minute), Reason: "stop the rogue",
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := stop.Msg.Termination.TerminationId
-	testserver.WaitFor(t, 30*time.Second, "the abort to order the call's cancel", func() bool {
-		got, err := w.admin.Supervisor.GetTermination(ctx, connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: id}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return got.Msg.Termination.Progress.GetAcksPending() == 1
-	})
-	w.clk.Advance(5 * time.Second) // the tool runs on
-	if _, err := gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: call, GateId: "gate-http"})); err != nil {
-		t.Fatalf("the rogue tool server's report of the call completed: %v", err)
-	}
-	w.waitTermination(t, id, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
-	w.clk.Advance(2 * time.Minute) // past the confirm timeout: nobody confirms
-	done := w.waitTermination(t, id, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	done := testserver.AbortWithACallRunOn(t, w.admin, gate, w.clk, w.nodes["worker"].NodeId, "gate-http", begun.Msg.Call.CallId, 5*time.Second)
 
 	out := mustCLI(t, w.srv.URL, w.srv.Admin, "record", "show", done.RecordId)
 	if !strings.Contains(out, "ran on after its cancel (ordered 09:30:00Z, ended 09:30:05Z)") {

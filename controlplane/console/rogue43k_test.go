@@ -4,10 +4,8 @@ import (
 	"context"
 	"strings"
 	"testing"
-	"time"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -25,28 +23,7 @@ import (
 // termination that accounts for it.
 func TestRogue43KLeftToAnotherStopIsNotConfirmedOnTheRecordPage(t *testing.T) {
 	w := newWorld(t)
-	ctx := context.Background()
-	rogue := w.srv.Clients(w.creds["worker-1"])
-	inner, err := rogue.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
-		NodeId: w.nodes["helper"].NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN,
-		DrainWindow: durationpb.New(24 * time.Hour), CancelAckTimeout: durationpb.New(24 * time.Hour), ConfirmTimeout: durationpb.New(24 * time.Hour),
-		Reason: "routine cleanup",
-	}))
-	if err != nil {
-		t.Fatalf("the rogue's drain of its child: %v", err)
-	}
-	// The child has no call in flight: its drain is over at once, and the
-	// rogue's stop waits a day for the child's exit to be confirmed.
-	w.waitTermination(t, inner.Msg.Termination.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
-	outer, err := w.admin.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
-		NodeId: w.nodes["worker-1"].NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
-		CancelAckTimeout: durationpb.New(time.Hour), ConfirmTimeout: durationpb.New(time.Hour),
-	}))
-	if err != nil {
-		t.Fatalf("the operator's abort: %v", err)
-	}
-	done := w.waitTermination(t, inner.Msg.Termination.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
-	outerID := outer.Msg.Termination.TerminationId
+	done, outerID := testserver.DrainLeftToAnotherStop(t, w.admin, w.srv.Clients(w.creds["worker-1"]), w.nodes["worker-1"].NodeId, w.nodes["helper"].NodeId)
 	if got := w.node(t, "helper"); got.TerminationId != outerID || got.State == tetherv1.NodeState_NODE_STATE_TERMINATED {
 		t.Fatalf("helper: %s under %s, want still stopping under the operator's %s", got.State, got.TerminationId, outerID)
 	}
@@ -96,32 +73,8 @@ func TestRogue43KACallThatRanOnAfterItsCancelNeedsAttention(t *testing.T) {
 		t.Fatalf("the rogue's calls in flight: %v, %v; want its one http call", calls, err)
 	}
 	call := calls.Msg.Calls[0].CallId
-	stop, err := w.admin.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
-		NodeId: w.nodes["rogue"].NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
-		CancelAckTimeout: durationpb.New(time.Hour), ConfirmTimeout: durationpb.New(time.Minute), Reason: "stop the rogue",
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := stop.Msg.Termination.TerminationId
-	testserver.WaitFor(t, 20*time.Second, "the abort to order the call's cancel", func() bool {
-		got, err := w.admin.Supervisor.GetTermination(ctx, connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: id}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return got.Msg.Termination.Progress.GetAcksPending() == 1
-	})
 	gate := w.srv.Clients(w.srv.ToolServerToken(t, "gate-http"))
-	if _, err := gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: call, GateId: "gate-http"})); err != nil {
-		t.Fatalf("the rogue tool server's report of the call completed: %v", err)
-	}
-	w.waitTermination(t, id, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
-	w.clk.Advance(2 * time.Minute) // past the confirm timeout: nobody confirms
-	done := w.waitTermination(t, id, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
-	testserver.WaitFor(t, 20*time.Second, "the record", func() bool {
-		done = w.waitTermination(t, id, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
-		return done.RecordId != ""
-	})
+	done := testserver.AbortWithACallRunOn(t, w.admin, gate, w.clk, w.nodes["rogue"].NodeId, "gate-http", call, 0)
 
 	b := newBrowser(t, w.srv.URL)
 	b.signIn(w.token(t, tetherv1.Role_ROLE_VIEWER))

@@ -142,16 +142,7 @@ func (w *world) node(t *testing.T, name string) *tetherv1.Node {
 
 func (w *world) waitTermination(t *testing.T, id string, state tetherv1.TerminationState) *tetherv1.Termination {
 	t.Helper()
-	var last *tetherv1.Termination
-	testserver.WaitFor(t, 20*time.Second, "termination "+id+" to reach "+state.String(), func() bool {
-		resp, err := w.admin.Supervisor.GetTermination(context.Background(), connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: id}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		last = resp.Msg.Termination
-		return last.State == state
-	})
-	return last
+	return testserver.WaitTermination(t, w.admin, id, state)
 }
 
 // browser is a plain HTTP client with a cookie jar, speaking to the

@@ -13,7 +13,8 @@ import time
 import urllib.parse
 from typing import Callable
 
-from tether_agentsdk import Conn
+from conftest import NO_RETRY
+from tether_agentsdk import Agent, Conn, ToolCallCancelled, ToolGate, current_call
 
 
 def terminate(operator: Conn, node_id: str, mode: str = "drain", *, window: str = "60s", ack: str = "30s", confirm: str = "60s") -> dict:
@@ -77,16 +78,21 @@ class QuietHandler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def relay_answer(self, up: http.client.HTTPConnection) -> None:
-        """Relays the answer of the request sent on up, as a path does:
-        its status, its headers (bar the hop-by-hop ones), its body as it
-        streams; then closes up."""
-        resp = up.getresponse()
+    def relay_head(self, resp: http.client.HTTPResponse) -> None:
+        """Relays resp's status and headers (bar the hop-by-hop ones), as a
+        path does, and ends the headers: the body is the caller's."""
         self.send_response(resp.status)
         for k, v in resp.getheaders():
             if k.lower() not in ("connection", "transfer-encoding", "content-length", "date", "server"):
                 self.send_header(k, v)
         self.end_headers()
+
+    def relay_answer(self, up: http.client.HTTPConnection) -> None:
+        """Relays the answer of the request sent on up, as a path does:
+        its status, its headers (bar the hop-by-hop ones), its body as it
+        streams; then closes up."""
+        resp = up.getresponse()
+        self.relay_head(resp)
         try:
             while chunk := resp.read1(65536):
                 self.wfile.write(chunk)
@@ -132,6 +138,45 @@ class LoopbackPeer:
         self.closing.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+class WatchCancelsPath(LoopbackPeer):
+    """A relay on loopback in front of the real server (a tool server's
+    path to its control plane) that relays every request as it came, bar
+    the gate's WatchCancels streams: it counts those, and hands each to
+    ``watch`` (which relays it as it came, its end too, unless a subclass
+    holds it)."""
+
+    def __init__(self, upstream: str):
+        super().__init__()
+        self.upstream = urllib.parse.urlsplit(upstream)
+        self.lock = threading.Lock()
+        self.watches = 0
+        peer = self
+
+        class Handler(QuietHandler):
+            def do_POST(self):
+                body = self.read_body()
+                up = self.forward(peer.upstream, body)
+                if not self.path.endswith("/WatchCancels"):
+                    self.relay_answer(up)
+                    return
+                with peer.lock:
+                    peer.watches += 1
+                    n = peer.watches
+                peer.watch(self, up, n)
+
+        self.serve(Handler)
+
+    def watch(self, handler: QuietHandler, up: http.client.HTTPConnection, n: int) -> None:
+        """Relays the WatchCancels stream numbered n (from 1) sent on up."""
+        threading.Thread(target=relay_end, args=(handler.connection, up.sock), daemon=True).start()
+        handler.relay_answer(up)
+
+    def streams(self) -> int:
+        """How many WatchCancels streams the gate asked for."""
+        with self.lock:
+            return self.watches
 
 
 # The renew loop's tick for a test that waits for the answer to one of the
@@ -233,3 +278,133 @@ class HeldBeginPeer(LoopbackPeer):
     def close(self) -> None:
         self.begin_answer.put({})
         super().close()
+
+
+class RewritingProxy(LoopbackPeer):
+    """A relay on loopback in front of the real server (the path between an
+    agent and its control plane) that rewrites one answer: the first
+    heartbeat's, whose credential becomes ``credential``. Until then it
+    answers a signals stream 503 (a path not yet through), so that the
+    agent's stream is opened after the answer; everything else, and
+    everything after it, it relays as it came."""
+
+    def __init__(self, upstream: str, credential: object):
+        super().__init__()
+        self.upstream = urllib.parse.urlsplit(upstream)
+        self.rewritten = threading.Event()
+        self.lock = threading.Lock()
+        self.beats_after = 0  # heartbeats relayed after the rewritten one
+        self.streams_after = 0  # signals streams relayed after it
+        peer = self
+
+        class Handler(QuietHandler):
+            def do_POST(self):
+                body = self.read_body()
+                method = self.path.rsplit("/", 1)[-1]
+                if method == "WatchSignals" and not peer.rewritten.is_set():
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                up = self.forward(peer.upstream, body)
+                if method == "Heartbeat":
+                    with peer.lock:
+                        rewrite = not peer.rewritten.is_set()
+                        if not rewrite:
+                            peer.beats_after += 1
+                    if rewrite:
+                        resp = up.getresponse()
+                        answer = json.loads(resp.read())
+                        up.close()
+                        assert resp.status == 200, answer
+                        answer["credential"] = {"credential": credential, "expiresAt": "2999-01-01T00:00:00Z"}
+                        self.answer_json(answer)
+                        peer.rewritten.set()
+                        return
+                if method == "WatchSignals":
+                    with peer.lock:
+                        peer.streams_after += 1
+                    threading.Thread(target=relay_end, args=(self.connection, up.sock), daemon=True).start()
+                self.relay_answer(up)
+
+        self.serve(Handler)
+
+
+def check_a_rewritten_credential_is_not_taken(server_url: str, operator: Conn, root_name: str, credential: object) -> None:
+    """A worker (a child of a root named root_name) whose first heartbeat's
+    answer a RewritingProxy rewrote to carry credential: the operator's
+    drain reaches it as a drain (the agent did not abort itself, the
+    control plane having refused nothing of its own credential), and it
+    keeps its own credential, its run without error."""
+    root = Agent.register_root(operator, root_name)
+    child = root.spawn("worker")
+    proxy = RewritingProxy(server_url, credential)
+    worker = Agent(Conn(proxy.url, child.credential, retry=NO_RETRY), child.node)
+    worker.heartbeat_every = 0.2
+    try:
+        worker.start()
+        wait_for("the heartbeat answer the proxy rewrote", proxy.rewritten.is_set)
+        terminate(operator, child.node_id, "drain")
+        try:
+            # A bound on the wait for the drain (the stream relays it at
+            # once, the next heartbeat's answer carries it), not a timing.
+            wait_for("the operator's drain, after the rewritten answer", worker.draining.is_set)
+            assert worker.signal is not None and not worker.signal.abort, \
+                f"the agent aborted itself ({worker.signal}), the control plane having refused nothing of its own credential"
+        except AssertionError as e:
+            with proxy.lock:
+                beats, streams = proxy.beats_after, proxy.streams_after
+            raise AssertionError(f"{e}: after the rewritten answer {beats} heartbeat(s) and {streams} signals "
+                                 f"stream(s) reached the path") from None
+        assert worker.credential == child.credential, "the agent took the rewritten credential"
+        assert worker.run_error is None, worker.run_error
+    finally:
+        worker.close()
+        proxy.close()
+
+
+class CancelledToolCall:
+    """A call of the tool "search" through a gate by a child (named caller)
+    of the tree's root, granted tool:search: its tool runs until the call is
+    cancelled, with a guard of 20 s against the hang (200 refresh intervals
+    of the 0.1 s the gate tests inject), then checks the call. ``heard``
+    holds whether the tool heard its cancel, ``result`` what the call
+    ended with (None, or the exception it raised)."""
+
+    def __init__(self, tree, gate: ToolGate, caller: str):
+        self.gate = gate
+        self.child = tree.root.spawn(caller)
+        self.grant = tree.root.delegate(tree.root_grant_id, self.child.node_id, ["tool:search"], ttl=600)
+        self.running = threading.Event()
+        self.heard: list[bool] = []
+        self.result: list[BaseException | None] = []
+        self.thread = threading.Thread(target=self._call, daemon=True)
+
+    def _tool(self) -> None:
+        call = current_call()
+        self.running.set()
+        # A guard against the hang (200 refresh intervals), not a timing.
+        self.heard.append(call.cancelled.wait(20))
+        call.check()
+
+    def _call(self) -> None:
+        try:
+            self.gate.run(self.grant.token, "search", self._tool)
+            self.result.append(None)
+        except BaseException as e:  # noqa: BLE001 — the test reads it
+            self.result.append(e)
+
+    def start(self) -> None:
+        """Begins the call, and waits for its tool to run."""
+        self.thread.start()
+        assert self.running.wait(10), "the tool did not run"
+
+    def cancelled(self, operator: Conn, deaf: Callable[[], str]) -> None:
+        """Aborts the caller (the cancel's acknowledgement awaited an hour),
+        waits for the call to end (a guard against the hang), and asserts
+        that the tool heard its cancel (deaf says what it means if not) and
+        the call ended ToolCallCancelled."""
+        terminate(operator, self.child.node_id, "abort", ack="3600s")
+        self.thread.join(30)
+        assert self.heard == [True], deaf()
+        assert self.result and isinstance(self.result[0], ToolCallCancelled), f"the call ended with {self.result}, want ToolCallCancelled"

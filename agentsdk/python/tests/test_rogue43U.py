@@ -21,12 +21,13 @@ flight now opens its stream anew every ``cancel_watch_refresh``.
 
 from __future__ import annotations
 
+import http.client
 import threading
 import urllib.parse
 
 from conftest import NO_RETRY
-from helpers import LOOP_RENEW_EVERY, LoopbackPeer, QuietHandler, relay_end, terminate, wait_for
-from tether_agentsdk import Conn, LeaseWorker, ToolCallCancelled, ToolGate, current_call
+from helpers import LOOP_RENEW_EVERY, CancelledToolCall, LoopbackPeer, QuietHandler, WatchCancelsPath, relay_end, terminate, wait_for
+from tether_agentsdk import Conn, LeaseWorker, ToolGate
 from tether_agentsdk.leaseworker import JOB_ENDED
 
 
@@ -100,7 +101,7 @@ def test_rogue43U_lease_worker_stops_a_job_whose_credential_is_dead(server, tree
         path.close()
 
 
-class StallingPath(LoopbackPeer):
+class StallingPath(WatchCancelsPath):
     """A relay on loopback in front of the real server (a tool server's path
     to its control plane) that holds the gate's first WatchCancels stream
     open and relays nothing of it (the stream reaches the control plane;
@@ -108,44 +109,16 @@ class StallingPath(LoopbackPeer):
     every other request, and every later stream, as it came. It counts the
     streams the gate opened."""
 
-    def __init__(self, upstream: str):
-        super().__init__()
-        self.upstream = urllib.parse.urlsplit(upstream)
-        self.lock = threading.Lock()
-        self.watches = 0
-        peer = self
-
-        class Handler(QuietHandler):
-            def do_POST(self):
-                body = self.read_body()
-                up = self.forward(peer.upstream, body)
-                if not self.path.endswith("/WatchCancels"):
-                    self.relay_answer(up)
-                    return
-                with peer.lock:
-                    peer.watches += 1
-                    first = peer.watches == 1
-                if not first:
-                    threading.Thread(target=relay_end, args=(self.connection, up.sock), daemon=True).start()
-                    self.relay_answer(up)
-                    return
-                resp = up.getresponse()
-                self.send_response(resp.status)
-                for k, v in resp.getheaders():
-                    if k.lower() not in ("connection", "transfer-encoding", "content-length", "date", "server"):
-                        self.send_header(k, v)
-                self.end_headers()
-                self.wfile.flush()
-                # Silent until the gate leaves the stream (or the test ends):
-                # then the control plane's end of it is shut too.
-                relay_end(self.connection, up.sock)
-                up.close()
-
-        self.serve(Handler)
-
-    def streams(self) -> int:
-        with self.lock:
-            return self.watches
+    def watch(self, handler: QuietHandler, up: http.client.HTTPConnection, n: int) -> None:
+        if n != 1:
+            super().watch(handler, up, n)
+            return
+        handler.relay_head(up.getresponse())
+        handler.wfile.flush()
+        # Silent until the gate leaves the stream (or the test ends):
+        # then the control plane's end of it is shut too.
+        relay_end(handler.connection, up.sock)
+        up.close()
 
 
 def test_rogue43U_a_silent_cancel_stream_does_not_deafen_the_gate(server, tree):
@@ -163,38 +136,13 @@ def test_rogue43U_a_silent_cancel_stream_does_not_deafen_the_gate(server, tree):
     path = StallingPath(server.url)
     gate = ToolGate(Conn(path.url, token, retry=NO_RETRY), name)
     gate.cancel_watch_refresh = 0.1
-    child = tree.root.spawn("rogue43u-caller")
-    grant = tree.root.delegate(tree.root_grant_id, child.node_id, ["tool:search"], ttl=600)
-    running = threading.Event()
-    heard: list[bool] = []
-    result: list[BaseException | None] = []
-
-    def tool() -> None:
-        call = current_call()
-        running.set()
-        # A guard against the hang (200 refresh intervals), not a timing.
-        heard.append(call.cancelled.wait(20))
-        call.check()
-
-    def caller() -> None:
-        try:
-            gate.run(grant.token, "search", tool)
-            result.append(None)
-        except BaseException as e:  # noqa: BLE001 — the test reads it
-            result.append(e)
-
+    call = CancelledToolCall(tree, gate, "rogue43u-caller")
     try:
         gate.start()
         assert gate.ready.wait(10), "the gate's stream did not open"
-        t = threading.Thread(target=caller, daemon=True)
-        t.start()
-        assert running.wait(10), "the tool did not run"
-        terminate(tree.operator, child.node_id, "abort", ack="3600s")
-        t.join(30)
-        assert heard == [True], \
-            f"the gate is deaf: its tool ran on 20 s (200 refresh intervals) after its abort was ordered; " \
-            f"{path.streams()} WatchCancels stream(s) opened, the stalled one still waited on"
-        assert result and isinstance(result[0], ToolCallCancelled), f"the call ended with {result}, want ToolCallCancelled"
+        call.start()
+        call.cancelled(tree.operator, lambda: f"the gate is deaf: its tool ran on 20 s (200 refresh intervals) after its abort was ordered; "
+                                              f"{path.streams()} WatchCancels stream(s) opened, the stalled one still waited on")
         assert path.streams() >= 2, f"the order heard on {path.streams()} stream(s): the stalled one relayed it"
     finally:
         gate.close()

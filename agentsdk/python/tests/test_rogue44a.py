@@ -187,11 +187,16 @@ class World:
         self.path.close()
 
 
-def renew_twice(world: World) -> None:
+def renew_twice_and_check_lost(world: World, what: str, names: str) -> None:
+    """Renews the job twice (unless it stops at the first), and checks it
+    stopped as lost at the first answer, that of what (check_lost)."""
     for _ in range(2):
         if world.job.stopped.is_set():
             break
         world.job.renew()
+    world.check_lost(what, names)
+    renewals, _ = world.path.counts()
+    assert renewals == 1, f"{renewals} renewals sent, want 1: the job ran on after an answer that was not its own"
 
 
 def test_rogue44a_lease_worker_takes_no_other_jobs_renewal(server, tree, tmp_path):
@@ -201,10 +206,7 @@ def test_rogue44a_lease_worker_takes_no_other_jobs_renewal(server, tree, tmp_pat
     try:
         w.call_other("Renew", renewSequence="1")
         w.path.set_swap(other_jobs("Renew"))
-        renew_twice(w)
-        w.check_lost("another job's", f'job "{w.other_id}"')
-        renewals, _ = w.path.counts()
-        assert renewals == 1, f"{renewals} renewals sent, want 1: the job ran on after an answer that was not its own"
+        renew_twice_and_check_lost(w, "another job's", f'job "{w.other_id}"')
     finally:
         w.close()
 
@@ -215,10 +217,7 @@ def test_rogue44a_lease_worker_takes_no_other_leases_renewal(server, tree, tmp_p
     w = World(server, tree, tmp_path, "lease")
     try:
         w.path.set_swap(forged_lease("Renew"))
-        renew_twice(w)
-        w.check_lost("another lease's", f'lease "{FORGED}"')
-        renewals, _ = w.path.counts()
-        assert renewals == 1, f"{renewals} renewals sent, want 1: the job ran on after an answer that was not its own"
+        renew_twice_and_check_lost(w, "another lease's", f'lease "{FORGED}"')
     finally:
         w.close()
 

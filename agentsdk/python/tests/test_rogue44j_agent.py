@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import NO_RETRY
-from helpers import terminate, wait_for
-from test_rogue41G import RewritingProxy
-from tether_agentsdk import Agent, Conn
+from helpers import check_a_rewritten_credential_is_not_taken
+from tether_agentsdk import Conn
 
 FORGED = {
     "not-the-jws-alphabet": "eyJhbGciOiJFZERTQSJ9!.e30.c2ln",
@@ -36,28 +34,4 @@ FORGED = {
 
 @pytest.mark.parametrize("credential", list(FORGED.values()), ids=list(FORGED))
 def test_rogue44j_a_refreshed_credential_the_control_plane_never_takes_does_not_deafen_or_abort_the_agent(server, operator: Conn, credential):
-    root = Agent.register_root(operator, "rogue44j-root")
-    child = root.spawn("worker")
-    proxy = RewritingProxy(server.url, credential)
-    worker = Agent(Conn(proxy.url, child.credential, retry=NO_RETRY), child.node)
-    worker.heartbeat_every = 0.2
-    try:
-        worker.start()
-        wait_for("the heartbeat answer the proxy rewrote", proxy.rewritten.is_set)
-        terminate(operator, child.node_id, "drain")
-        try:
-            # A bound on the wait for the drain (the stream relays it at
-            # once, the next heartbeat's answer carries it), not a timing.
-            wait_for("the operator's drain, after the rewritten answer", worker.draining.is_set)
-            assert worker.signal is not None and not worker.signal.abort, \
-                f"the agent aborted itself ({worker.signal}), the control plane having refused nothing of its own credential"
-        except AssertionError as e:
-            with proxy.lock:
-                beats, streams = proxy.beats_after, proxy.streams_after
-            raise AssertionError(f"{e}: after the rewritten answer {beats} heartbeat(s) and {streams} signals "
-                                 f"stream(s) reached the path") from None
-        assert worker.credential == child.credential, "the agent took the rewritten credential"
-        assert worker.run_error is None, worker.run_error
-    finally:
-        worker.close()
-        proxy.close()
+    check_a_rewritten_credential_is_not_taken(server.url, operator, "rogue44j-root", credential)

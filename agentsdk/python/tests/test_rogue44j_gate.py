@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import http.client
 import threading
-import urllib.parse
 
 from conftest import NO_RETRY
-from helpers import LoopbackPeer, QuietHandler, relay_end, terminate
-from tether_agentsdk import Conn, ToolCallCancelled, ToolGate, current_call
+from helpers import CancelledToolCall, QuietHandler, WatchCancelsPath, relay_end
+from tether_agentsdk import Conn, ToolGate
 
 
-class WithholdingPath(LoopbackPeer):
+class WithholdingPath(WatchCancelsPath):
     """A relay on loopback in front of the real server that holds every
     WatchCancels stream open and sends nothing of it back, not even its
     headers, while ``withholding`` is set, until the gate leaves it; it
@@ -33,38 +32,18 @@ class WithholdingPath(LoopbackPeer):
     It counts the streams the gate asked for."""
 
     def __init__(self, upstream: str):
-        super().__init__()
-        self.upstream = urllib.parse.urlsplit(upstream)
-        self.lock = threading.Lock()
-        self.watches = 0
         self.withholding = threading.Event()
         self.withholding.set()
-        peer = self
+        super().__init__(upstream)
 
-        class Handler(QuietHandler):
-            def do_POST(self):
-                body = self.read_body()
-                up = http.client.HTTPConnection(peer.upstream.hostname, peer.upstream.port, timeout=60)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
-                up.request("POST", self.path, body=body, headers=headers)
-                if not self.path.endswith("/WatchCancels"):
-                    self.relay_answer(up)
-                    return
-                with peer.lock:
-                    peer.watches += 1
-                threading.Thread(target=relay_end, args=(self.connection, up.sock), daemon=True).start()
-                if peer.withholding.is_set():
-                    # Nothing back until the gate leaves the stream.
-                    relay_end(self.connection, up.sock)
-                    up.close()
-                    return
-                self.relay_answer(up)
-
-        self.serve(Handler)
-
-    def streams(self) -> int:
-        with self.lock:
-            return self.watches
+    def watch(self, handler: QuietHandler, up: http.client.HTTPConnection, n: int) -> None:
+        if not self.withholding.is_set():
+            super().watch(handler, up, n)
+            return
+        threading.Thread(target=relay_end, args=(handler.connection, up.sock), daemon=True).start()
+        # Nothing back until the gate leaves the stream.
+        relay_end(handler.connection, up.sock)
+        up.close()
 
 
 def test_rogue44j_a_path_withholding_the_cancel_streams_headers_does_not_hold_the_gate(server, tree):
@@ -74,41 +53,16 @@ def test_rogue44j_a_path_withholding_the_cancel_streams_headers_does_not_hold_th
     # The connection's default timeout: each open the path holds lasts it.
     gate = ToolGate(Conn(path.url, token, retry=NO_RETRY), name)
     gate.cancel_watch_refresh = 0.1
-    child = tree.root.spawn("rogue44j-caller")
-    grant = tree.root.delegate(tree.root_grant_id, child.node_id, ["tool:search"], ttl=600)
-    running = threading.Event()
-    heard: list[bool] = []
-    result: list[BaseException | None] = []
-
-    def tool() -> None:
-        call = current_call()
-        running.set()
-        # A guard against the hang (200 refresh intervals), not a timing.
-        heard.append(call.cancelled.wait(20))
-        call.check()
-
-    def caller() -> None:
-        try:
-            gate.run(grant.token, "search", tool)
-            result.append(None)
-        except BaseException as e:  # noqa: BLE001 — the test reads it
-            result.append(e)
-
+    call = CancelledToolCall(tree, gate, "rogue44j-caller")
     try:
         gate.start()
         # A guard against the hang, under the connection's 30 s timeout.
         assert gate.ready.wait(20), \
             f"the gate is not ready 20 s after it started: {path.streams()} WatchCancels stream(s) asked for, their headers withheld"
-        t = threading.Thread(target=caller, daemon=True)
-        t.start()
-        assert running.wait(10), "the tool did not run"
+        call.start()
         path.withholding.clear()  # the path honest from now on
-        terminate(tree.operator, child.node_id, "abort", ack="3600s")
-        t.join(30)
-        assert heard == [True], \
-            f"the gate is deaf: its tool ran on 20 s (200 refresh intervals) after its abort was ordered; " \
-            f"{path.streams()} WatchCancels stream(s) asked for, the withheld one still waited on"
-        assert result and isinstance(result[0], ToolCallCancelled), f"the call ended with {result}, want ToolCallCancelled"
+        call.cancelled(tree.operator, lambda: f"the gate is deaf: its tool ran on 20 s (200 refresh intervals) after its abort was ordered; "
+                                              f"{path.streams()} WatchCancels stream(s) asked for, the withheld one still waited on")
         assert path.streams() >= 2, f"the order heard on {path.streams()} stream(s): the withheld one relayed it"
     finally:
         gate.close()
