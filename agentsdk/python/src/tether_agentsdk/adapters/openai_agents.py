@@ -14,7 +14,12 @@
   ToolCallCancelled.
 - Sub-agents: ``handoff()`` and ``subagent()`` make the target agent a
   spawned child node (spawned when the handoff is taken) whose tools present
-  a grant delegated from the run's with the given scopes.
+  a grant delegated from the run's with the given scopes. Every other
+  handoff an agent passed through ``agent()`` carries (an agent, an SDK
+  ``handoff(...)``), and those of its targets in turn, is taken the same
+  way, with ``tool:<name>`` for each of the target's function tools (a
+  target with none runs as the run's node); a handoff back to an agent
+  already wrapped runs that agent as itself.
 - The run: ``run()`` is cancelled when the Tether agent is aborted (the
   subtree's termination), raising Aborted.
 """
@@ -61,9 +66,69 @@ class TetherAgents:
         """(Child, Grant) of every sub-agent spawned so far."""
         return list(self.subtree.children)
 
-    def _wrap(self, sdk_agent: SDKAgent, node: Node, **overrides: Any) -> SDKAgent:
+    def _wrap(self, sdk_agent: SDKAgent, node: Node, seen: dict | None = None, **overrides: Any) -> SDKAgent:
+        """A clone of ``sdk_agent`` running as ``node``: its function tools
+        gated, and every handoff it carries that Tether did not make (an
+        agent, an SDK ``handoff(...)``) taken as a child node, its target
+        wrapped in turn (``seen``: the targets wrapped so far in this tree
+        of agents, a cycle of handoffs included). Until the forty-fifth
+        pass such a handoff was kept as it was: its target's tools ran with
+        no gate, as no node of the tree, recorded nowhere and not refused
+        while the run drained (rogue45j tests), where the TypeScript
+        adapter wraps every handoff it reaches."""
+        seen = {} if seen is None else seen
         tools = [(_gated(t, self.subtree.gate, node) if isinstance(t, FunctionTool) else t) for t in sdk_agent.tools]
-        return sdk_agent.clone(tools=tools, **overrides)
+        handoffs = overrides.pop("handoffs", sdk_agent.handoffs)
+        copy = sdk_agent.clone(tools=tools, handoffs=[], **overrides)
+        copy._tether_node = node  # type: ignore[attr-defined]
+        seen[id(sdk_agent)] = (sdk_agent, copy, node)
+        copy.handoffs = [self._tethered_handoff(h, seen) for h in handoffs]
+        return copy
+
+    def _target(self, sdk_agent: SDKAgent, seen: dict) -> tuple[SDKAgent, Node]:
+        """A handoff target Tether did not wrap, as a child node of the run
+        with the scopes of its function tools (spawned when the handoff is
+        taken); one the run already wraps (a cycle back, the run's own
+        agent) is itself. A target with no function tools calls nothing
+        the gate records and needs no grant: it runs as the node that took
+        the handoff would have, the run's."""
+        if getattr(sdk_agent, "_tether_node", None) is not None:
+            return sdk_agent, sdk_agent._tether_node  # type: ignore[attr-defined]
+        done = seen.get(id(sdk_agent))
+        if done is not None:
+            return done[1], done[2]
+        scopes = [f"tool:{t.name}" for t in sdk_agent.tools if isinstance(t, FunctionTool)]
+        node = self.subtree.child_node(sdk_agent.name, scopes) if scopes else self.subtree.root
+        copy = self._wrap(sdk_agent, node, seen)
+        return copy, node
+
+    def _tethered_handoff(self, h: Any, seen: dict) -> Any:
+        if getattr(h, "_tether", False):
+            return h  # made by handoff(): its target is a child already
+        subtree = self.subtree
+        if isinstance(h, SDKAgent):
+            if getattr(h, "_tether_node", None) is not None:
+                return h  # a clone agent() or subagent() made: its tools gated as its node
+            target, node = self._target(h, seen)
+
+            async def on_handoff(ctx: Any) -> None:
+                await subtree.spawned(node)
+
+            made = sdk_handoff(target, on_handoff=on_handoff)
+        elif isinstance(h, Handoff):
+            invoke = h.on_invoke_handoff
+
+            async def on_invoke_handoff(ctx: Any, input_json: str) -> Any:
+                chosen = await invoke(ctx, input_json)
+                target, node = self._target(chosen, seen)
+                await subtree.spawned(node)
+                return target
+
+            made = dataclasses.replace(h, on_invoke_handoff=on_invoke_handoff)
+        else:
+            return h
+        made._tether = True  # type: ignore[attr-defined]
+        return made
 
     def agent(self, sdk_agent: SDKAgent, **overrides: Any) -> SDKAgent:
         """A clone of ``sdk_agent`` whose function tools run as this run's
@@ -90,7 +155,9 @@ class TetherAgents:
         async def on_handoff(ctx: Any) -> None:
             await subtree.spawned(node)
 
-        return sdk_handoff(target, on_handoff=on_handoff, **handoff_kwargs)
+        made = sdk_handoff(target, on_handoff=on_handoff, **handoff_kwargs)
+        made._tether = True  # type: ignore[attr-defined]
+        return made
 
     async def run(self, starting_agent: SDKAgent, input: Any, **runner_kwargs: Any) -> RunResult:
         """Runner.run, cancelled when the Tether agent is aborted (raises
