@@ -10,7 +10,10 @@
 - Tools: every FunctionTool of an agent passed through ``agent()`` runs
   inside the gate (the call is recorded; refused while the subtree drains;
   on abort the tool's task is cancelled and the cancel acknowledged once it
-  stopped; a tool that returns anyway is recorded completed). A refusal or cancellation fails the run with ToolRefused or
+  stopped; a tool that returns anyway is recorded completed). A synchronous
+  tool is gated on the thread that runs it and reported when it returned:
+  acknowledged if it stopped on ``current_call().check()``, otherwise
+  completed, never acknowledged while it still runs. A refusal or cancellation fails the run with ToolRefused or
   ToolCallCancelled.
 - Sub-agents: ``handoff()`` and ``subagent()`` make the target agent a
   spawned child node (spawned when the handoff is taken) whose tools present
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 from datetime import timedelta
 from typing import Any
 
@@ -42,6 +46,17 @@ from ._subtree import Node, Subtree
 __all__ = ["TetherAgents"]
 
 
+def _synchronous(tool: FunctionTool) -> bool:
+    """Whether the SDK runs the tool's function on a thread (a synchronous
+    ``@function_tool``): a cancellation stops the coroutine awaiting it,
+    never the thread."""
+    try:
+        fn = tool.__wrapped__
+    except AttributeError:  # not made by function_tool: the SDK awaits it
+        return False
+    return not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)))
+
+
 def _gated(tool: FunctionTool, gate: ToolGate, node: Node) -> FunctionTool:
     invoke = tool.on_invoke_tool
 
@@ -49,7 +64,25 @@ def _gated(tool: FunctionTool, gate: ToolGate, node: Node) -> FunctionTool:
         async with gate.call(node.token, tool.name):
             return await invoke(ctx, arguments)
 
-    return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool)
+    def run_on_its_thread(ctx: Any, arguments: str) -> Any:
+        with gate.call(node.token, tool.name) as call:
+            result = asyncio.run(invoke(ctx, arguments))
+            if call._stopped_by_check:  # the SDK made text of it: the function stopped on the order
+                raise ToolCallCancelled(call.call_id, call.reason)
+            return result
+
+    async def on_invoke_sync_tool(ctx: Any, arguments: str) -> Any:
+        # The call is gated on the thread that runs the function, as a
+        # synchronous tool's call is, and reported when the function has
+        # returned (acknowledged only if it stopped on the order: check()).
+        # Gated in the run's task, the run's cancellation (its abort, the
+        # cancel order) left the SDK's thread running the function and
+        # acknowledged the cancel at once: the record read the call
+        # CANCELLED_ACKED and the termination ended while the tool went on
+        # to its side effect (rogue45j test).
+        return await asyncio.to_thread(run_on_its_thread, ctx, arguments)
+
+    return dataclasses.replace(tool, on_invoke_tool=on_invoke_sync_tool if _synchronous(tool) else on_invoke_tool)
 
 
 class TetherAgents:
