@@ -1,4 +1,5 @@
 import { Code, ConnectError } from "@connectrpc/connect";
+import { timestampDate } from "@bufbuild/protobuf/wkt";
 
 import { Agent, CapabilityToken, type Grant } from "./agent.js";
 import type { DialOptions } from "./conn.js";
@@ -119,7 +120,7 @@ export class TetherScope {
     const spawned = await this.agent.spawn(name, options.labels);
     let grant: Grant;
     try {
-      grant = await this.agent.delegate(this.token.grantId, spawned.node.nodeId, options.scopes, options.ttlMs ?? 600_000);
+      grant = await this.agent.delegate(this.token.grantId, spawned.node.nodeId, options.scopes, this.#childTtl(options.ttlMs ?? 600_000));
     } catch (err) {
       await endUnused(this.agent.conn.baseUrl, spawned.credential, this.#dial, "its grant was refused");
       throw err;
@@ -151,6 +152,20 @@ export class TetherScope {
     }
     this.#children.push(scope);
     return scope;
+  }
+
+  /**
+   * A child grant's lifetime, never past this scope's grant: the control
+   * plane refuses a delegation that outlives its parent, and 0 asks for
+   * the parent's own expiry. Without it every child of a child asked the
+   * same ten minutes its parent's grant, delegated a moment before, did
+   * not have left: a handoff taken by a handoff's target was refused
+   * (invalid_argument) whatever its scopes (rogue45J test).
+   */
+  #childTtl(ttlMs: number): number {
+    const expires = this.token.grant.grant.expiresAt;
+    if (!expires) return ttlMs;
+    return ttlMs >= timestampDate(expires).getTime() - Date.now() ? 0 : ttlMs;
   }
 
   /** Keeps this node's session open (signals and credential refresh) until {@link TetherScope.close}. */

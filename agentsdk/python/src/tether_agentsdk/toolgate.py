@@ -81,10 +81,15 @@ class GateCall:
         self._task_cancelled = False
         self._presented = ""  # the caller's token: kept out of what the gate reports
         self._begin_n = 0  # which of the gate's begins began it
+        self._stopped_by_check = False
 
     def check(self) -> None:
         """Raises ToolCallCancelled once the call is cancelled."""
         if self.cancelled.is_set():
+            # Noted for a framework that turns what its tool raised into
+            # text for the model (the OpenAI Agents SDK): its adapter raises
+            # it again, and the call is acknowledged as the one that stopped.
+            self._stopped_by_check = True
             raise ToolCallCancelled(self.call_id, self.reason)
 
     def _cancel(self, reason: str) -> None:

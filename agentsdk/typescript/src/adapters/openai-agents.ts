@@ -76,21 +76,26 @@ function wrap(scope: () => TetherScope, agent: OpenAIAgent<any, any>, options: T
   copy.handoffs = agent.handoffs.map((h) => {
     const original = h instanceof Handoff ? h : undefined;
     const target = h instanceof Handoff ? h.agent : h;
-    let child: TetherScope | undefined;
-    const childScope = () => {
-      if (!child) throw new Error(`tether: ${target.name} ran before its handoff spawned it`);
-      return child;
-    };
-    const wrappedTarget = wrap(childScope, target, options, seen);
-    const wrapped = new Handoff(wrappedTarget, async (context, args) => {
+    // The handoff's face (name, schema, output type) for the framework:
+    // never run, its tools bound to no node.
+    const face = wrap(() => {
+      throw new Error(`tether: ${target.name} ran outside a handoff`);
+    }, target, options, seen);
+    const wrapped = new Handoff(face, async (context, args) => {
       const parent = scope();
-      child = await parent.child(target.name, {
+      const child = await parent.child(target.name, {
         scopes: options.scopesFor?.(target) ?? defaultScopes(target, parent),
         ttlMs: options.childTtlMs,
         labels: { "tether.dev/framework": "openai-agents", "tether.dev/handoff-from": agent.name },
       });
       if (original) await original.onInvokeHandoff(context, args);
-      return wrappedTarget;
+      // The target runs as the child this handoff spawned, wrapped afresh
+      // (and its own handoffs, spawning under it): a copy shared by every
+      // handoff reaching the target ran its tools as the node of the
+      // handoff wrapped first, outside the subtree of the agent that
+      // handed off, whose stop then did not reach them, or as none (the
+      // call failed) when that handoff was never taken (rogue45J tests).
+      return wrap(() => child, target, options, new Map());
     });
     if (original) {
       wrapped.toolName = original.toolName;

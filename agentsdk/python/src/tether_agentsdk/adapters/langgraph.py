@@ -48,8 +48,22 @@ def _gated(tool: BaseTool | Callable[..., Any], gate: ToolGate, node: Node) -> B
         async with gate.call(node.token, base.name):
             return await base.ainvoke(kwargs)
 
+    # A synchronous tool is left synchronous: LangChain runs it on a thread,
+    # the call gated there and reported when the function has returned.
+    # Gated in the run's task, the run's cancellation (its abort, the cancel
+    # order) left LangChain's thread running the function and acknowledged
+    # the cancel at once: the record read the call CANCELLED_ACKED while the
+    # tool went on to its side effect (rogue45j test).
     return StructuredTool(name=base.name, description=base.description, args_schema=base.args_schema,
-                          func=run, coroutine=arun, return_direct=base.return_direct)
+                          func=run, coroutine=None if _synchronous(base) else arun, return_direct=base.return_direct)
+
+
+def _synchronous(base: BaseTool) -> bool:
+    """Whether LangChain runs the tool's function on a thread: a tool with
+    no coroutine of its own, or no ``_arun`` of its own."""
+    if "coroutine" in type(base).model_fields:
+        return getattr(base, "coroutine", None) is None
+    return type(base)._arun is BaseTool._arun
 
 
 class SubAgent:
