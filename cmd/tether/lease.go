@@ -348,6 +348,9 @@ func leaseShow(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := carried("lease", resp.Msg.GetLease().GetJobId() != ""); err != nil {
+				return err
+			}
 			if asJSON {
 				return printJSON(cmd.OutOrStdout(), resp.Msg.Lease)
 			}
@@ -632,6 +635,9 @@ func leasePolicy(g *globals) *cobra.Command {
 			}
 			resp, err := c.Lease.GetPolicy(cmd.Context(), connect.NewRequest(&tetherv1.GetPolicyRequest{}))
 			if err != nil {
+				return err
+			}
+			if err := carried("policy", resp.Msg.Policy != nil); err != nil {
 				return err
 			}
 			if asJSON {

@@ -46,6 +46,9 @@ func newRolloutStartCommand(g *globals) *cobra.Command {
 			if !wait {
 				return printRollout(g, cmd.OutOrStdout(), resp.Msg.Rollout)
 			}
+			if err := carried("rollout", resp.Msg.GetRollout().GetRolloutId() != ""); err != nil {
+				return err
+			}
 			return followRollout(g, cmd, c, resp.Msg.Rollout.RolloutId)
 		}),
 	}
@@ -145,6 +148,9 @@ func followRollout(g *globals, cmd *cobra.Command, c *clients, id string) error 
 	lastLine := ""
 	for stream.Receive() {
 		r := stream.Msg().Rollout
+		if err := carried("rollout", r.GetRolloutId() != ""); err != nil {
+			return err
+		}
 		if last == nil {
 			fmt.Fprintf(w, "rollout %s: %s → %s, batches of %d, at most %d unavailable\n", r.RolloutId, r.Selector, r.TargetSelector, r.Batch, r.MaxUnavailable)
 		}
@@ -190,6 +196,9 @@ func rolloutProgressLine(r *tetherv1.Rollout) string {
 }
 
 func printRollout(g *globals, w io.Writer, r *tetherv1.Rollout) error {
+	if err := carried("rollout", r.GetRolloutId() != ""); err != nil {
+		return err
+	}
 	if done, err := g.printedAsJSON(w, r); done || err != nil {
 		return err
 	}

@@ -38,6 +38,9 @@ func newTerminateCommand(g *globals) *cobra.Command {
 				return err
 			}
 			t := resp.Msg.Termination
+			if err := carried("termination", t.GetTerminationId() != ""); err != nil {
+				return err
+			}
 			if !wait {
 				if printed, err := printOneField(cmd, t); printed || err != nil {
 					return err
@@ -58,6 +61,9 @@ func newTerminateCommand(g *globals) *cobra.Command {
 			defer stream.Close()
 			for stream.Receive() {
 				t = stream.Msg().Termination
+				if err := carried("termination", t.GetTerminationId() != ""); err != nil {
+					return err
+				}
 				fmt.Fprintln(progress, progressLine(t))
 				if t.State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED {
 					break
@@ -97,6 +103,9 @@ func progressLine(t *tetherv1.Termination) string {
 }
 
 func printTermination(g *globals, w io.Writer, t *tetherv1.Termination) error {
+	if err := carried("termination", t.GetTerminationId() != ""); err != nil {
+		return err
+	}
 	if done, err := g.printedAsJSON(w, t); done || err != nil {
 		return err
 	}

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tetherhq/tether/controlplane/testserver"
+)
+
+// The forty-fifth hostile pass on the CLI (letter L): a rogue path to the
+// control plane (a proxy, or a replica under a rogue's control, on a
+// connection without TLS) in front of a real server answers a command's
+// call with an answer that lacks the object the command prints.
+
+// rogue45lRun runs the CLI with args against addr and reports what it
+// printed, its error, and the panic it raised, if it did.
+func rogue45lRun(addr, token string, args ...string) (out string, err error, panicked any) {
+	cmd := newRootCommand()
+	var buf bytes.Buffer
+	cmd.SetOut(&buf)
+	cmd.SetErr(&buf)
+	cmd.SetArgs(append([]string{"--addr", addr, "--token", token}, args...))
+	defer func() {
+		if p := recover(); p != nil {
+			out, panicked = buf.String(), p
+		}
+	}()
+	err = cmd.Execute()
+	return buf.String(), err, nil
+}
+
+// TestRogue45LSingleAnswersWithoutTheirObjectAreRefused: the path answers
+// each command's call with the procedure's answer emptied (a valid answer
+// on the wire, carrying none of what the control plane's always carries:
+// the token, the rule, the rollout, the termination, the grant, the
+// lease, the policy). `token revoke`, `rule add`, `rule rm`, `rollout
+// start`, `rollout status`, pause, resume, abort, `terminate`,
+// `termination show`, `grant root`, `grant delegate`, `grant show`,
+// `lease show` and `lease policy` read the object without looking for it:
+// a panic. `token create` and `token refresh` printed an empty token and
+// `token rotate-admin` wrote an empty admin token over the old file (then
+// the old one was revoked with it gone); `proposal approve` printed
+// "rejected" for an approval. Each is now an error naming what the answer
+// lacked, and nothing is written.
+func TestRogue45LSingleAnswersWithoutTheirObjectAreRefused(t *testing.T) {
+	srv := testserver.Start(t)
+	api := srv.Handler()
+	forged := map[string]bool{}
+	addr := serveH2C(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		i := strings.LastIndex(r.URL.Path, "/")
+		if !forged[r.URL.Path[i+1:]] {
+			api.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/proto")
+		w.WriteHeader(http.StatusOK) // the empty answer: every field absent
+	}))
+	adminFile := filepath.Join(t.TempDir(), "admin.token")
+	if err := os.WriteFile(adminFile, []byte(srv.Admin+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		procedure string
+		args      []string
+		lacked    string
+	}{
+		{"CreateToken", []string{"token", "create", "--role", "viewer"}, "token"},
+		{"RevokeToken", []string{"token", "revoke", "t_gone"}, "token"},
+		{"CreateToken", []string{"token", "rotate-admin", "--out", adminFile}, "token"},
+		{"Refresh", []string{"token", "refresh", "g_some"}, "token"},
+		{"AddStopRule", []string{"rule", "add", "--node", "n_some", "--name", "cap", "true"}, "rule"},
+		{"RemoveStopRule", []string{"rule", "rm", "r_some"}, "rule"},
+		{"Rollout", []string{"rollout", "start", "--selector", "v=1", "--target", "v=2"}, "rollout"},
+		{"GetRollout", []string{"rollout", "status", "ro_some"}, "rollout"},
+		{"PauseRollout", []string{"rollout", "pause", "ro_some"}, "rollout"},
+		{"ResumeRollout", []string{"rollout", "resume", "ro_some"}, "rollout"},
+		{"AbortRollout", []string{"rollout", "abort", "ro_some"}, "rollout"},
+		{"Terminate", []string{"terminate", "n_some"}, "termination"},
+		{"GetTermination", []string{"termination", "show", "t_some"}, "termination"},
+		{"DecideProposal", []string{"proposal", "approve", "p_some"}, "termination"},
+		{"IssueRoot", []string{"grant", "root", "--holder", "n_some", "--scope", "tool:http"}, "grant"},
+		{"Delegate", []string{"grant", "delegate", "--from", "g_some", "--holder", "n_some", "--scope", "tool:http"}, "grant"},
+		{"GetGrant", []string{"grant", "show", "g_some"}, "grant"},
+		{"GetLease", []string{"lease", "show", "job-some"}, "lease"},
+		{"GetPolicy", []string{"lease", "policy"}, "policy"},
+	}
+	var panics, accepted []string
+	for _, tc := range cases {
+		clear(forged)
+		forged[tc.procedure] = true
+		name := strings.Join(tc.args[:2], " ")
+		out, err, p := rogue45lRun(addr, srv.Admin, tc.args...)
+		switch {
+		case p != nil:
+			panics = append(panics, fmt.Sprintf("%s: %v", name, p))
+		case err == nil:
+			accepted = append(accepted, fmt.Sprintf("%s: %q", name, out))
+		case !strings.Contains(err.Error(), "the answer carried no "+tc.lacked+": it is not the control plane's"):
+			t.Errorf("tether %s refuses a forged answer without saying it carried no %s: %v", name, tc.lacked, err)
+		}
+	}
+	if b, err := os.ReadFile(adminFile); err != nil || string(b) != srv.Admin+"\n" {
+		t.Errorf("tether token rotate-admin wrote a forged answer's token over the admin token (%v): %q", err, b)
+	}
+	if len(panics) > 0 || len(accepted) > 0 {
+		t.Errorf("of %d forged answers without their object, %d panicked and %d were taken:\n%s\n%s",
+			len(cases), len(panics), len(accepted), strings.Join(panics, "\n"), strings.Join(accepted, "\n"))
+	}
+}
