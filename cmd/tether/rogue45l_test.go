@@ -37,16 +37,17 @@ func rogue45lRun(addr, token string, args ...string) (out string, err error, pan
 // TestRogue45LSingleAnswersWithoutTheirObjectAreRefused: the path answers
 // each command's call with the procedure's answer emptied (a valid answer
 // on the wire, carrying none of what the control plane's always carries:
-// the token, the rule, the rollout, the termination, the grant, the
-// lease, the policy). `token revoke`, `rule add`, `rule rm`, `rollout
-// start`, `rollout status`, pause, resume, abort, `terminate`,
-// `termination show`, `grant root`, `grant delegate`, `grant show`,
-// `lease show` and `lease policy` read the object without looking for it:
-// a panic. `token create` and `token refresh` printed an empty token and
-// `token rotate-admin` wrote an empty admin token over the old file (then
-// the old one was revoked with it gone); `proposal approve` printed
-// "rejected" for an approval. Each is now an error naming what the answer
-// lacked, and nothing is written.
+// the node, the token, the rule, the rollout, the termination, the grant,
+// the lease, the policy). `agent spawn`, `token revoke`, `rule add`,
+// `rule rm`, `rollout start`, `rollout status`, pause, resume, abort,
+// `terminate`, `termination show`, `grant root`, `grant delegate`, `grant
+// show`, `lease show` and `lease policy` read the object without looking
+// for it: a panic. `agent register --print credential` printed an empty
+// credential (for a shell variable), `token create` and `token refresh`
+// an empty token, `token rotate-admin` wrote an empty admin token over
+// the old file (the old token, still valid, then in no file), and
+// `proposal approve` printed "rejected" for an approval. Each is now an
+// error naming what the answer lacked, and nothing is written.
 func TestRogue45LSingleAnswersWithoutTheirObjectAreRefused(t *testing.T) {
 	srv := testserver.Start(t)
 	api := srv.Handler()
@@ -69,6 +70,8 @@ func TestRogue45LSingleAnswersWithoutTheirObjectAreRefused(t *testing.T) {
 		args      []string
 		lacked    string
 	}{
+		{"RegisterRoot", []string{"agent", "register", "--name", "planner", "--print", "credential"}, "node"},
+		{"Spawn", []string{"agent", "spawn", "--parent", "n_some", "--name", "worker"}, "node"},
 		{"CreateToken", []string{"token", "create", "--role", "viewer"}, "token"},
 		{"RevokeToken", []string{"token", "revoke", "t_gone"}, "token"},
 		{"CreateToken", []string{"token", "rotate-admin", "--out", adminFile}, "token"},
@@ -110,5 +113,48 @@ func TestRogue45LSingleAnswersWithoutTheirObjectAreRefused(t *testing.T) {
 	if len(panics) > 0 || len(accepted) > 0 {
 		t.Errorf("of %d forged answers without their object, %d panicked and %d were taken:\n%s\n%s",
 			len(cases), len(panics), len(accepted), strings.Join(panics, "\n"), strings.Join(accepted, "\n"))
+	}
+}
+
+// TestRogue45LWatchedUpdatesWithoutTheirObjectAreRefused: `terminate
+// --wait` and `rollout status --watch` print each update of a watch. The
+// path lets the real Terminate through and answers the watch with one
+// update that lacks the termination (or the rollout): both read it
+// without looking for it, a panic. Each is now an error naming what the
+// update lacked.
+func TestRogue45LWatchedUpdatesWithoutTheirObjectAreRefused(t *testing.T) {
+	srv := testserver.Start(t)
+	api := srv.Handler()
+	addr := serveH2C(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasSuffix(r.URL.Path, "/WatchTermination") && !strings.HasSuffix(r.URL.Path, "/WatchRollout") {
+			api.ServeHTTP(w, r)
+			return
+		}
+		// Connect's streaming envelope: one empty message (flags 0,
+		// length 0), then the end of the stream (flags 2, "{}").
+		w.Header().Set("Content-Type", "application/connect+proto")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte{0, 0, 0, 0, 0, 2, 0, 0, 0, 2, '{', '}'})
+	}))
+	root := mustCLI(t, srv.URL, srv.Admin, "agent", "register", "--name", "planner", "--print", "node_id")
+	var panics []string
+	for _, tc := range []struct {
+		args   []string
+		lacked string
+	}{
+		{[]string{"terminate", strings.TrimSpace(root), "--mode", "abort", "--wait"}, "termination"},
+		{[]string{"rollout", "status", "ro_some", "--watch"}, "rollout"},
+	} {
+		name := strings.Join(tc.args[:2], " ")
+		_, err, p := rogue45lRun(addr, srv.Admin, tc.args...)
+		switch {
+		case p != nil:
+			panics = append(panics, fmt.Sprintf("%s: %v", name, p))
+		case err == nil || !strings.Contains(err.Error(), "the answer carried no "+tc.lacked+": it is not the control plane's"):
+			t.Errorf("tether %s takes a watched update without its %s: %v", name, tc.lacked, err)
+		}
+	}
+	if len(panics) > 0 {
+		t.Errorf("of 2 forged watch updates without their object, %d panicked:\n%s", len(panics), strings.Join(panics, "\n"))
 	}
 }
