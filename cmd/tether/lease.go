@@ -101,6 +101,9 @@ func holderMutation(g *globals, use, short string, check func() error, send func
 
 // printDecision prints a mutation's answer.
 func printDecision(g *globals, w io.Writer, msg decidedAnswer) error {
+	if err := carried("decision", msg.GetDecision() != nil); err != nil {
+		return err
+	}
 	if done, err := g.printedAsJSON(w, msg); done || err != nil {
 		return err
 	}

@@ -38,12 +38,13 @@ func rogue45lRun(addr, token string, args ...string) (out string, err error, pan
 // each command's call with the procedure's answer emptied (a valid answer
 // on the wire, carrying none of what the control plane's always carries:
 // the node, the token, the rule, the rollout, the termination, the grant,
-// the lease, the policy). `agent spawn`, `token revoke`, `rule add`,
+// the lease, the decision, the policy). `agent spawn`, `token revoke`, `rule add`,
 // `rule rm`, `rollout start`, `rollout status`, pause, resume, abort,
 // `terminate`, `termination show`, `grant root`, `grant delegate`, `grant
 // show`, `lease show` and `lease policy` read the object without looking
 // for it: a panic. `agent register --print credential` printed an empty
-// credential (for a shell variable), `token create` and `token refresh`
+// credential (for a shell variable), `lease offer` (as every lease
+// mutation) an UNSPECIFIED decision, `token create` and `token refresh`
 // an empty token, `token rotate-admin` wrote an empty admin token over
 // the old file (the old token, still valid, then in no file), and
 // `proposal approve` printed "rejected" for an approval. Each is now an
@@ -89,6 +90,7 @@ func TestRogue45LSingleAnswersWithoutTheirObjectAreRefused(t *testing.T) {
 		{"IssueRoot", []string{"grant", "root", "--holder", "n_some", "--scope", "tool:http"}, "grant"},
 		{"Delegate", []string{"grant", "delegate", "--from", "g_some", "--holder", "n_some", "--scope", "tool:http"}, "grant"},
 		{"GetGrant", []string{"grant", "show", "g_some"}, "grant"},
+		{"Offer", []string{"lease", "offer", "job-some", "--holder", "n_some"}, "decision"},
 		{"GetLease", []string{"lease", "show", "job-some"}, "lease"},
 		{"GetPolicy", []string{"lease", "policy"}, "policy"},
 	}
