@@ -101,7 +101,7 @@ func holderMutation(g *globals, use, short string, check func() error, send func
 
 // printDecision prints a mutation's answer.
 func printDecision(g *globals, w io.Writer, msg decidedAnswer) error {
-	if err := carried("decision", msg.GetDecision() != nil); err != nil {
+	if err := carried("decision", "", "", msg.GetDecision() != nil); err != nil {
 		return err
 	}
 	if done, err := g.printedAsJSON(w, msg); done || err != nil {
@@ -351,7 +351,7 @@ func leaseShow(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := carried("lease", resp.Msg.GetLease().GetJobId() != ""); err != nil {
+			if err := carried("lease", args[0], resp.Msg.GetLease().GetJobId(), resp.Msg.GetLease().GetJobId() != ""); err != nil {
 				return err
 			}
 			if asJSON {
@@ -640,7 +640,7 @@ func leasePolicy(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := carried("policy", resp.Msg.Policy != nil); err != nil {
+			if err := carried("policy", "", "", resp.Msg.Policy != nil); err != nil {
 				return err
 			}
 			if asJSON {

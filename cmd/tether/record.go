@@ -349,7 +349,7 @@ func newProposalCommand(g *globals) *cobra.Command {
 					return err
 				}
 				if approve {
-					if err := carried("termination", resp.Msg.GetTermination().GetTerminationId() != ""); err != nil {
+					if err := carried("termination", "", "", resp.Msg.GetTermination().GetTerminationId() != ""); err != nil {
 						return err
 					}
 				}

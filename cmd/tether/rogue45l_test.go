@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"net/http"
 	"os"
@@ -9,7 +10,10 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/tetherhq/tether/controlplane/testserver"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 // The forty-fifth hostile pass on the CLI (letter L): a rogue path to the
@@ -158,5 +162,81 @@ func TestRogue45LWatchedUpdatesWithoutTheirObjectAreRefused(t *testing.T) {
 	}
 	if len(panics) > 0 {
 		t.Errorf("of 2 forged watch updates without their object, %d panicked:\n%s", len(panics), strings.Join(panics, "\n"))
+	}
+}
+
+// TestRogue45LAnswersOfAnotherObjectAreRefused: the path answers a
+// command that names its object with another object of the kind (another
+// grant, termination, rollout, lease, rule, token): `grant show`,
+// `termination show`, `rollout status` and its pause, resume and abort,
+// `lease show`, `rule rm`, `token revoke` and the updates of `terminate
+// --wait` and `rollout status --watch` printed the other under the id
+// asked for (a revoked token, a removed rule, a paused rollout that were
+// not). Each is now an error naming both ids.
+func TestRogue45LAnswersOfAnotherObjectAreRefused(t *testing.T) {
+	srv := testserver.Start(t)
+	api := srv.Handler()
+	var answer proto.Message
+	forged := ""
+	addr := serveH2C(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		i := strings.LastIndex(r.URL.Path, "/")
+		if r.URL.Path[i+1:] != forged {
+			api.ServeHTTP(w, r)
+			return
+		}
+		b, err := proto.Marshal(answer)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if strings.HasPrefix(forged, "Watch") {
+			w.Header().Set("Content-Type", "application/connect+proto")
+			w.WriteHeader(http.StatusOK)
+			head := []byte{0, 0, 0, 0, 0}
+			binary.BigEndian.PutUint32(head[1:], uint32(len(b)))
+			_, _ = w.Write(append(append(head, b...), 2, 0, 0, 0, 2, '{', '}'))
+			return
+		}
+		w.Header().Set("Content-Type", "application/proto")
+		_, _ = w.Write(b)
+	}))
+	root := strings.TrimSpace(mustCLI(t, srv.URL, srv.Admin, "agent", "register", "--name", "planner", "--print", "node_id"))
+	other := func(kind string) string { return kind + "_ffffffffffffffffffff" }
+	ro := &tetherv1.Rollout{RolloutId: other("ro"), State: tetherv1.RolloutState_ROLLOUT_STATE_PAUSED}
+	term := &tetherv1.Termination{TerminationId: other("t"), State: tetherv1.TerminationState_TERMINATION_STATE_TERMINATED}
+	cases := []struct {
+		procedure string
+		answer    proto.Message
+		args      []string
+		kind, got string
+	}{
+		{"GetGrant", &tetherv1.GetGrantResponse{Grant: &tetherv1.Grant{GrantId: other("g")}}, []string{"grant", "show", "g_some"}, "grant", other("g")},
+		{"GetTermination", &tetherv1.GetTerminationResponse{Termination: term}, []string{"termination", "show", "t_some"}, "termination", other("t")},
+		{"GetRollout", &tetherv1.GetRolloutResponse{Rollout: ro}, []string{"rollout", "status", "ro_some"}, "rollout", other("ro")},
+		{"PauseRollout", &tetherv1.PauseRolloutResponse{Rollout: ro}, []string{"rollout", "pause", "ro_some"}, "rollout", other("ro")},
+		{"ResumeRollout", &tetherv1.ResumeRolloutResponse{Rollout: ro}, []string{"rollout", "resume", "ro_some"}, "rollout", other("ro")},
+		{"AbortRollout", &tetherv1.AbortRolloutResponse{Rollout: ro}, []string{"rollout", "abort", "ro_some"}, "rollout", other("ro")},
+		{"GetLease", &tetherv1.GetLeaseResponse{Lease: &tetherv1.Lease{JobId: "job-other"}}, []string{"lease", "show", "job-some"}, "lease", "job-other"},
+		{"RemoveStopRule", &tetherv1.RemoveStopRuleResponse{Rule: &tetherv1.StopRule{RuleId: other("r")}}, []string{"rule", "rm", "r_some"}, "rule", other("r")},
+		{"RevokeToken", &tetherv1.RevokeTokenResponse{Token: &tetherv1.TokenInfo{TokenId: other("tok")}}, []string{"token", "revoke", "tok_some"}, "token", other("tok")},
+		{"WatchTermination", &tetherv1.WatchTerminationResponse{Termination: term}, []string{"terminate", root, "--mode", "abort", "--wait"}, "termination", other("t")},
+		{"WatchRollout", &tetherv1.WatchRolloutResponse{Rollout: ro}, []string{"rollout", "status", "ro_some", "--watch"}, "rollout", other("ro")},
+	}
+	var taken []string
+	for _, tc := range cases {
+		forged, answer = tc.procedure, tc.answer
+		name := strings.Join(tc.args[:2], " ")
+		out, err, p := rogue45lRun(addr, srv.Admin, tc.args...)
+		switch {
+		case p != nil:
+			t.Errorf("tether %s panics on an answer of another %s: %v", name, tc.kind, p)
+		case err == nil:
+			taken = append(taken, fmt.Sprintf("%s: %q", name, out))
+		case !strings.Contains(err.Error(), "the answer carried "+tc.kind+" "+tc.got+", not ") || !strings.Contains(err.Error(), ": it is not the control plane's"):
+			t.Errorf("tether %s refuses an answer of another %s without naming it: %v", name, tc.kind, err)
+		}
+	}
+	if len(taken) > 0 {
+		t.Errorf("of %d answers of another object, %d were printed as the one asked for:\n%s", len(cases), len(taken), strings.Join(taken, "\n"))
 	}
 }

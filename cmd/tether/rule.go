@@ -44,7 +44,7 @@ func newRuleAddCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := carried("rule", resp.Msg.GetRule().GetRuleId() != ""); err != nil {
+			if err := carried("rule", "", "", resp.Msg.GetRule().GetRuleId() != ""); err != nil {
 				return err
 			}
 			if done, err := g.printedAsJSON(cmd.OutOrStdout(), resp.Msg); done || err != nil {
@@ -104,7 +104,7 @@ func newRuleRemoveCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := carried("rule", resp.Msg.GetRule().GetRuleId() != ""); err != nil {
+			if err := carried("rule", args[0], resp.Msg.GetRule().GetRuleId(), resp.Msg.GetRule().GetRuleId() != ""); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "removed %s (%s)\n", printable(resp.Msg.Rule.RuleId), printable(resp.Msg.Rule.Name))

@@ -56,7 +56,7 @@ func tokenCreate(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := carried("token", resp.Msg.Token != "" && resp.Msg.TokenId != ""); err != nil {
+			if err := carried("token", "", "", resp.Msg.Token != "" && resp.Msg.TokenId != ""); err != nil {
 				return err
 			}
 			if done, err := g.printedAsAsked(cmd, resp.Msg); done || err != nil {
@@ -131,7 +131,7 @@ func tokenRevoke(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := carried("token", resp.Msg.GetToken().GetTokenId() != ""); err != nil {
+			if err := carried("token", req.TokenId, resp.Msg.GetToken().GetTokenId(), resp.Msg.GetToken().GetTokenId() != ""); err != nil {
 				return err
 			}
 			if done, err := g.printedAsJSON(cmd.OutOrStdout(), resp.Msg); done || err != nil {
@@ -183,7 +183,7 @@ func tokenRotateAdmin(g *globals) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("mint the new admin token: %w", err)
 			}
-			if err := carried("token", created.Msg.Token != "" && created.Msg.TokenId != ""); err != nil {
+			if err := carried("token", "", "", created.Msg.Token != "" && created.Msg.TokenId != ""); err != nil {
 				return fmt.Errorf("mint the new admin token (the old one is kept): %w", err)
 			}
 			tmp := out + ".tmp"
@@ -202,7 +202,7 @@ func tokenRotateAdmin(g *globals) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("the new admin token %s is in %s, but revoking the old one failed (revoke it with tether token revoke): %w", created.Msg.TokenId, out, err)
 			}
-			if err := carried("token", revoked.Msg.GetToken().GetTokenId() != ""); err != nil {
+			if err := carried("token", "", "", revoked.Msg.GetToken().GetTokenId() != ""); err != nil {
 				return fmt.Errorf("the new admin token %s is in %s, but the old one's revocation was not confirmed (revoke it with tether token revoke): %w", created.Msg.TokenId, out, err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "new admin token %s written to %s (expires %s)\nold token %s revoked\n",
