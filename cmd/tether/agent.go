@@ -92,6 +92,9 @@ type registeredAnswer interface {
 
 // printRegistered prints the field --print names, or the whole answer.
 func printRegistered(g *globals, cmd *cobra.Command, msg registeredAnswer) error {
+	if err := carried("node", "", "", msg.GetNode().GetNodeId() != "" && msg.GetCredential() != ""); err != nil {
+		return err
+	}
 	if done, err := g.printedAsAsked(cmd, msg); done || err != nil {
 		return err
 	}

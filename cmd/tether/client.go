@@ -137,6 +137,24 @@ func answer[R any](resp *connect.Response[R], err error) (*R, error) {
 	return resp.Msg, nil
 }
 
+// carried refuses an answer that lacks the object the command printed or
+// acted on (present: the answer holds it, with its id), or that carries
+// another than the one asked for (got, when asked is not ""): the control
+// plane's answers always carry the one asked for, so a path to it that
+// forged the answer (a proxy, a replica under a rogue's control) is told,
+// not read as if it held one (a nil dereference, an empty token printed or
+// written, another grant printed under the id asked for). It is the
+// console's answered.
+func carried(kind, asked, got string, present bool) error {
+	switch {
+	case !present:
+		return fmt.Errorf("the answer carried no %s: it is not the control plane's", kind)
+	case asked != "" && got != asked:
+		return fmt.Errorf("the answer carried %s %s, not %s: it is not the control plane's", kind, printable(got), printable(asked))
+	}
+	return nil
+}
+
 // somePages collects the pages of a paged list from token on until it holds
 // limit items, calls listings were read or the list ends, and returns them
 // and the next page's token ("" at the end). page fetches the page a token

@@ -166,6 +166,9 @@ func grantShow(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := carried("grant", args[0], resp.Msg.GetGrant().GetGrantId(), resp.Msg.GetGrant().GetGrantId() != ""); err != nil {
+				return err
+			}
 			if done, err := g.printedAsJSON(cmd.OutOrStdout(), resp.Msg.Grant); done || err != nil {
 				return err
 			}
@@ -348,6 +351,9 @@ type issuedAnswer interface {
 // printIssued prints the field --print names, or the grant with its fresh
 // token: the token alone on the last line, so `| tail -1` captures it.
 func printIssued(g *globals, cmd *cobra.Command, msg issuedAnswer) error {
+	if err := carried("grant", "", "", msg.GetGrant().GetGrantId() != "" && msg.GetToken() != ""); err != nil {
+		return err
+	}
 	if done, err := g.printedAsAsked(cmd, msg); done || err != nil {
 		return err
 	}
@@ -365,6 +371,9 @@ func newTokenRefreshCommand(g *globals) *cobra.Command {
 		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
 			resp, err := c.Capability.Refresh(cmd.Context(), connect.NewRequest(&tetherv1.RefreshRequest{GrantId: args[0]}))
 			if err != nil {
+				return err
+			}
+			if err := carried("token", "", "", resp.Msg.Token != ""); err != nil {
 				return err
 			}
 			if done, err := g.printedAsJSON(cmd.OutOrStdout(), resp.Msg); done || err != nil {

@@ -101,6 +101,9 @@ func holderMutation(g *globals, use, short string, check func() error, send func
 
 // printDecision prints a mutation's answer.
 func printDecision(g *globals, w io.Writer, msg decidedAnswer) error {
+	if err := carried("decision", "", "", msg.GetDecision() != nil); err != nil {
+		return err
+	}
 	if done, err := g.printedAsJSON(w, msg); done || err != nil {
 		return err
 	}
@@ -346,6 +349,9 @@ func leaseShow(g *globals) *cobra.Command {
 			}
 			resp, err := c.Lease.GetLease(cmd.Context(), connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: args[0]}))
 			if err != nil {
+				return err
+			}
+			if err := carried("lease", args[0], resp.Msg.GetLease().GetJobId(), resp.Msg.GetLease().GetJobId() != ""); err != nil {
 				return err
 			}
 			if asJSON {
@@ -632,6 +638,9 @@ func leasePolicy(g *globals) *cobra.Command {
 			}
 			resp, err := c.Lease.GetPolicy(cmd.Context(), connect.NewRequest(&tetherv1.GetPolicyRequest{}))
 			if err != nil {
+				return err
+			}
+			if err := carried("policy", "", "", resp.Msg.Policy != nil); err != nil {
 				return err
 			}
 			if asJSON {

@@ -348,6 +348,11 @@ func newProposalCommand(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
+				if approve {
+					if err := carried("termination", "", "", resp.Msg.GetTermination().GetTerminationId() != ""); err != nil {
+						return err
+					}
+				}
 				if resp.Msg.Termination != nil {
 					fmt.Fprintf(cmd.OutOrStdout(), "approved: termination %s started\n", resp.Msg.Termination.TerminationId)
 					return nil

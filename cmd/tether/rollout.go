@@ -44,7 +44,10 @@ func newRolloutStartCommand(g *globals) *cobra.Command {
 				return err
 			}
 			if !wait {
-				return printRollout(g, cmd.OutOrStdout(), resp.Msg.Rollout)
+				return printRollout(g, cmd.OutOrStdout(), "", resp.Msg.Rollout)
+			}
+			if err := carried("rollout", "", "", resp.Msg.GetRollout().GetRolloutId() != ""); err != nil {
+				return err
 			}
 			return followRollout(g, cmd, c, resp.Msg.Rollout.RolloutId)
 		}),
@@ -78,7 +81,7 @@ func newRolloutStatusCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printRollout(g, cmd.OutOrStdout(), resp.Msg.Rollout)
+			return printRollout(g, cmd.OutOrStdout(), args[0], resp.Msg.Rollout)
 		}),
 	}
 	cmd.Flags().BoolVarP(&watch, "watch", "w", false, "follow the rollout until it completes, pauses or is aborted")
@@ -123,7 +126,7 @@ func newRolloutDecisionCommand(g *globals, verb, short string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printRollout(g, cmd.OutOrStdout(), decided.GetRollout())
+			return printRollout(g, cmd.OutOrStdout(), args[0], decided.GetRollout())
 		}),
 	}
 	if verb != "resume" {
@@ -145,6 +148,9 @@ func followRollout(g *globals, cmd *cobra.Command, c *clients, id string) error 
 	lastLine := ""
 	for stream.Receive() {
 		r := stream.Msg().Rollout
+		if err := carried("rollout", id, r.GetRolloutId(), r.GetRolloutId() != ""); err != nil {
+			return err
+		}
 		if last == nil {
 			fmt.Fprintf(w, "rollout %s: %s → %s, batches of %d, at most %d unavailable\n", r.RolloutId, r.Selector, r.TargetSelector, r.Batch, r.MaxUnavailable)
 		}
@@ -189,7 +195,12 @@ func rolloutProgressLine(r *tetherv1.Rollout) string {
 		rolloutStateName(r.State), cur, c.GetDrained(), c.GetReplacementsReady(), c.GetUnavailable(), c.GetRemaining(), c.GetBatchesDone(), c.GetLeasesHandedOver())
 }
 
-func printRollout(g *globals, w io.Writer, r *tetherv1.Rollout) error {
+// printRollout prints r, the answer's rollout, refused when it is not the
+// one asked for (any, when asked is "").
+func printRollout(g *globals, w io.Writer, asked string, r *tetherv1.Rollout) error {
+	if err := carried("rollout", asked, r.GetRolloutId(), r.GetRolloutId() != ""); err != nil {
+		return err
+	}
 	if done, err := g.printedAsJSON(w, r); done || err != nil {
 		return err
 	}

@@ -44,6 +44,9 @@ func newRuleAddCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := carried("rule", "", "", resp.Msg.GetRule().GetRuleId() != ""); err != nil {
+				return err
+			}
 			if done, err := g.printedAsJSON(cmd.OutOrStdout(), resp.Msg); done || err != nil {
 				return err
 			}
@@ -99,6 +102,9 @@ func newRuleRemoveCommand(g *globals) *cobra.Command {
 		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
 			resp, err := c.StopRule.RemoveStopRule(cmd.Context(), connect.NewRequest(&tetherv1.RemoveStopRuleRequest{RuleId: args[0]}))
 			if err != nil {
+				return err
+			}
+			if err := carried("rule", args[0], resp.Msg.GetRule().GetRuleId(), resp.Msg.GetRule().GetRuleId() != ""); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "removed %s (%s)\n", printable(resp.Msg.Rule.RuleId), printable(resp.Msg.Rule.Name))

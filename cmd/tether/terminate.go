@@ -38,11 +38,14 @@ func newTerminateCommand(g *globals) *cobra.Command {
 				return err
 			}
 			t := resp.Msg.Termination
+			if err := carried("termination", "", "", t.GetTerminationId() != ""); err != nil {
+				return err
+			}
 			if !wait {
 				if printed, err := printOneField(cmd, t); printed || err != nil {
 					return err
 				}
-				return printTermination(g, cmd.OutOrStdout(), t)
+				return printTermination(g, cmd.OutOrStdout(), "", t)
 			}
 			// With --print, the progress goes to stderr, for the terminal,
 			// and stdout carries only the field, for a shell variable.
@@ -57,7 +60,11 @@ func newTerminateCommand(g *globals) *cobra.Command {
 			}
 			defer stream.Close()
 			for stream.Receive() {
+				asked := t.TerminationId
 				t = stream.Msg().Termination
+				if err := carried("termination", asked, t.GetTerminationId(), t.GetTerminationId() != ""); err != nil {
+					return err
+				}
 				fmt.Fprintln(progress, progressLine(t))
 				if t.State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED {
 					break
@@ -96,7 +103,12 @@ func progressLine(t *tetherv1.Termination) string {
 		stateName(t.State), p.GetNodesMarked(), p.GetNodesTotal(), p.GetCallsInFlight(), p.GetAcksPending(), p.GetConfirmations(), p.GetNodesTotal(), esc)
 }
 
-func printTermination(g *globals, w io.Writer, t *tetherv1.Termination) error {
+// printTermination prints t, the answer's termination, refused when it is
+// not the one asked for (any, when asked is "").
+func printTermination(g *globals, w io.Writer, asked string, t *tetherv1.Termination) error {
+	if err := carried("termination", asked, t.GetTerminationId(), t.GetTerminationId() != ""); err != nil {
+		return err
+	}
 	if done, err := g.printedAsJSON(w, t); done || err != nil {
 		return err
 	}
@@ -116,7 +128,7 @@ func newTerminationCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printTermination(g, cmd.OutOrStdout(), resp.Msg.Termination)
+			return printTermination(g, cmd.OutOrStdout(), args[0], resp.Msg.Termination)
 		}),
 	})
 	return cmd

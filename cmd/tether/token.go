@@ -56,6 +56,9 @@ func tokenCreate(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := carried("token", "", "", resp.Msg.Token != "" && resp.Msg.TokenId != ""); err != nil {
+				return err
+			}
 			if done, err := g.printedAsAsked(cmd, resp.Msg); done || err != nil {
 				return err
 			}
@@ -128,6 +131,9 @@ func tokenRevoke(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := carried("token", req.TokenId, resp.Msg.GetToken().GetTokenId(), resp.Msg.GetToken().GetTokenId() != ""); err != nil {
+				return err
+			}
 			if done, err := g.printedAsJSON(cmd.OutOrStdout(), resp.Msg); done || err != nil {
 				return err
 			}
@@ -177,6 +183,9 @@ func tokenRotateAdmin(g *globals) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("mint the new admin token: %w", err)
 			}
+			if err := carried("token", "", "", created.Msg.Token != "" && created.Msg.TokenId != ""); err != nil {
+				return fmt.Errorf("mint the new admin token (the old one is kept): %w", err)
+			}
 			tmp := out + ".tmp"
 			if err := os.WriteFile(tmp, []byte(created.Msg.Token+"\n"), 0o600); err != nil {
 				return fmt.Errorf("write the new admin token: %w", err)
@@ -192,6 +201,9 @@ func tokenRotateAdmin(g *globals) *cobra.Command {
 			revoked, err := c.Auth.RevokeToken(cmd.Context(), connect.NewRequest(&tetherv1.RevokeTokenRequest{Token: old, Reason: "rotated (tether token rotate-admin)"}))
 			if err != nil {
 				return fmt.Errorf("the new admin token %s is in %s, but revoking the old one failed (revoke it with tether token revoke): %w", created.Msg.TokenId, out, err)
+			}
+			if err := carried("token", "", "", revoked.Msg.GetToken().GetTokenId() != ""); err != nil {
+				return fmt.Errorf("the new admin token %s is in %s, but the old one's revocation was not confirmed (revoke it with tether token revoke): %w", created.Msg.TokenId, out, err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "new admin token %s written to %s (expires %s)\nold token %s revoked\n",
 				created.Msg.TokenId, out, created.Msg.ExpiresAt.AsTime().Format(time.RFC3339), revoked.Msg.Token.TokenId)
