@@ -1245,6 +1245,34 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 			})
 			defer stop()
 		}
+		// Nor is an agent's stream woken at each revocation: it outlives
+		// its credential's expiry (its session refreshes it), but not the
+		// credential's revocation (tether token revoke, by value): each
+		// message it sends is checked as a call is (meteredConn), and the
+		// first one after the revocation ends the stream. Unchecked, a
+		// session a revoked credential had opened went on acknowledging
+		// its heartbeats and handed out a fresh credential, of another
+		// id, that every call took (rogue45b test).
+		var revokedNow func(context.Context) error
+		if p.IsAgent() && i.Revoked != nil && p.TokenID != "" {
+			var cancel context.CancelCauseFunc
+			ctx, cancel = context.WithCancelCause(ctx)
+			defer cancel(nil)
+			revokedNow = func(ctx context.Context) error {
+				revoked, err := i.Revoked(ctx, p.TokenID)
+				switch {
+				case err != nil:
+					refusal := connect.NewError(connect.CodeUnavailable, fmt.Errorf("auth: cannot check the token's revocation: %w", err))
+					cancel(&ended{refusal})
+					return refusal
+				case revoked:
+					refusal := connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("%w: token %s was revoked; the stream is over", ErrRevoked, p.TokenID))
+					cancel(refusal)
+					return refusal
+				}
+				return nil
+			}
+		}
 		if p.IsAgent() && i.AgentEnded != nil {
 			var cancel context.CancelCauseFunc
 			ctx, cancel = context.WithCancelCause(ctx)
@@ -1269,7 +1297,7 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 		// before this line read the cause.
 		// (A context of its own: the watches' goroutines read ctx.)
 		streamCtx, finish := context.WithCancelCause(ctx)
-		err = next(context.WithValue(streamCtx, meterKey{}, m), &meteredConn{StreamingHandlerConn: conn, m: m, ctx: streamCtx})
+		err = next(context.WithValue(streamCtx, meterKey{}, m), &meteredConn{StreamingHandlerConn: conn, m: m, ctx: streamCtx, revoked: revokedNow})
 		finish(nil)
 		if afterStreamHandler != nil {
 			afterStreamHandler()
@@ -1417,14 +1445,26 @@ type meteredConn struct {
 	m        *meter
 	ctx      context.Context
 	received int
+	// revoked, when set (an agent's stream), returns the refusal once the
+	// credential the stream was opened with is revoked, and ends the
+	// stream with it.
+	revoked func(context.Context) error
 }
 
 // Receive charges a message once it has arrived (a stream waiting quietly
 // for its next message costs nothing); a message over the budget is
-// dropped unhandled and ends the stream with the refusal.
+// dropped unhandled and ends the stream with the refusal. An agent's
+// message is first checked against its credential's revocation, as its
+// call would be: one of a revoked credential is dropped unhandled and
+// unpaid, and ends the stream unauthenticated.
 func (c *meteredConn) Receive(msg any) error {
 	if err := c.StreamingHandlerConn.Receive(msg); err != nil {
 		return err
+	}
+	if c.revoked != nil {
+		if err := c.revoked(c.ctx); err != nil {
+			return err
+		}
 	}
 	c.received++
 	switch {
