@@ -14,7 +14,7 @@ import (
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
-// TestRogue45BAnAgentCredentialRevokedByValueEndsItsSessionAndIsNotRefreshed:
+// TestRogue45BAnAgentCredentialRevokedByValueEndsItsStreamsAndIsNotRefreshed:
 // a rogue holds a worker's credential (leaked in a log) and opened the
 // worker's session with it. The security team revokes the credential by
 // value (tether token revoke --token-value-file). A new call with it is
@@ -24,10 +24,12 @@ import (
 // credential, of another id, that every call took: the revocation was
 // undone by the control plane itself. An agent's stream outlives its
 // credential's expiry (its heartbeats refresh it), not its revocation:
-// each message on it is checked as a call is, and the session ends
-// unauthenticated at the first one after the revocation, with no fresh
-// credential.
-func TestRogue45BAnAgentCredentialRevokedByValueEndsItsSessionAndIsNotRefreshed(t *testing.T) {
+// each message on it is checked as a call is, and a stream ends
+// unauthenticated as the revocation is published, the session with no
+// fresh credential. A signals stream the rogue had opened with the
+// credential, which sends nothing after its request (the node's session
+// in its exit evidence), stayed open for as long as the node ran.
+func TestRogue45BAnAgentCredentialRevokedByValueEndsItsStreamsAndIsNotRefreshed(t *testing.T) {
 	clk := clock.NewManual(epoch)
 	srv := testserver.Start(t, testserver.WithClock(clk))
 	admin := srv.AdminClients()
@@ -78,6 +80,18 @@ func TestRogue45BAnAgentCredentialRevokedByValueEndsItsSessionAndIsNotRefreshed(
 	if _, err := beat(false); err != nil {
 		t.Fatalf("a heartbeat before the revocation: %v", err)
 	}
+	// And a signals stream, which sends nothing after its request: the
+	// node's session in its exit evidence as long as it is open.
+	watchCtx, stopWatch := context.WithTimeout(ctx, 20*time.Second)
+	defer stopWatch()
+	signals, err := rogue.Agent.WatchSignals(watchCtx, connect.NewRequest(&tetherv1.WatchSignalsRequest{NodeId: node}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer signals.Close()
+	if !signals.Receive() || signals.Msg().GetOpened() == nil {
+		t.Fatalf("the signals stream's first message: %v, %v; want opened", signals.Msg(), signals.Err())
+	}
 
 	sec := admin // an admin holds the security role's authority
 	if _, err := sec.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{Token: worker.Credential, Reason: "leaked in a build log"})); err != nil {
@@ -85,6 +99,15 @@ func TestRogue45BAnAgentCredentialRevokedByValueEndsItsSessionAndIsNotRefreshed(
 	}
 	if _, err := rogue.Auth.WhoAmI(ctx, connect.NewRequest(&tetherv1.WhoAmIRequest{})); connect.CodeOf(err) != connect.CodeUnauthenticated {
 		t.Fatalf("a call with the revoked credential: %v, want unauthenticated", err)
+	}
+
+	// The signals stream ends as the revocation is published, though it
+	// sends nothing (the bound above only keeps a stream that stays open
+	// from hanging the test).
+	for signals.Receive() {
+	}
+	if connect.CodeOf(signals.Err()) != connect.CodeUnauthenticated || watchCtx.Err() != nil {
+		t.Fatalf("the signals stream the revoked credential opened, after the revocation: %v (its bound: %v), want ended unauthenticated", signals.Err(), watchCtx.Err())
 	}
 
 	// On the session it opened before: three heartbeats, then one with a
