@@ -90,6 +90,12 @@ func (a *agentService) Session(ctx context.Context, stream *connect.BidiStream[t
 				return nil
 			}
 			return err
+		case <-ctx.Done():
+			// The stream was ended for the session (its credential's
+			// revocation: the interceptor answers with the cause), or
+			// the client went: a session that sent nothing waited here
+			// for a message that never came (rogue45b test).
+			return nil
 		}
 	}
 }
