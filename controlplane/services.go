@@ -47,7 +47,7 @@ func (s *Server) buildComponents(ctx context.Context) error {
 	grants, err := grantstore.New(grantstore.Config{
 		Store: s.store, Tree: grantTree{s.tree}, Clock: s.cfg.Clock, Keys: s.keys.Get, Issuer: s.cfg.Issuer,
 		TokenTTL: s.cfg.CapabilityTokenTTL, Heartbeat: s.cfg.RevocationHeartbeat, Log: s.log,
-		OnPublish: s.metrics.published, MaxPerNode: s.cfg.GrantMaxPerNode,
+		OnPublish: s.tombstonePublished, MaxPerNode: s.cfg.GrantMaxPerNode,
 	})
 	if err != nil {
 		return err

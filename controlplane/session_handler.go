@@ -90,6 +90,25 @@ func (a *agentService) Session(ctx context.Context, stream *connect.BidiStream[t
 				return nil
 			}
 			return err
+		case <-ctx.Done():
+			// The stream was ended for the session (its credential's
+			// revocation, its node's end: the interceptor answers with
+			// the cause), or the client went: a session that sent
+			// nothing waited here for a message that never came (rogue45b
+			// test). A signal already come is told first, as before: a
+			// node's end wakes the interceptor's watch and this session
+			// with the same signal.
+			for {
+				select {
+				case sig := <-signals:
+					if err := send(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Signal{Signal: signal(sig)}}); err != nil {
+						return nil
+					}
+					continue
+				default:
+				}
+				return nil
+			}
 		}
 	}
 }

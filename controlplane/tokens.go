@@ -100,6 +100,19 @@ func (s *Server) tokenRevoked(ctx context.Context, tokenID string) (bool, error)
 	return revoked, err
 }
 
+// tombstonePublished is the grant store's OnPublish: the metrics, and,
+// for a bearer token's revocation (a tombstone naming no holder), the end
+// of every agent's stream opened with it here that sent nothing since
+// (auth.Interceptor.EndRevokedStreams; one that sends is refused at its
+// next message): a session held open without a heartbeat, a signals
+// stream, outlived its credential's revocation (rogue45b test).
+func (s *Server) tombstonePublished(t capability.Tombstone) {
+	s.metrics.published(t)
+	if t.Holder == "" && t.Lineage == "" && s.authn != nil {
+		s.authn.EndRevokedStreams(t.GrantID)
+	}
+}
+
 var errAlreadyRevoked = errors.New("token already revoked")
 
 // RevokeToken revokes a minted token (see auth.proto).

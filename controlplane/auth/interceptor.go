@@ -232,6 +232,58 @@ type Interceptor struct {
 	reserved  map[string]nodeReserve // streams admitted from a node's reserves, by principal
 	bodies    bodies                 // requests admitted whose bodies have not all arrived
 	answers   bodies                 // admitted unary calls' answers being written (TakeAnswer)
+
+	// agentStreams are the agents' open streams by the id of the
+	// credential each was opened with, ended by EndRevokedStreams.
+	agentStreamsMu sync.Mutex
+	agentStreams   map[string]map[uint64]context.CancelCauseFunc
+	agentStreamSeq uint64
+}
+
+// EndRevokedStreams ends, unauthenticated, every open stream of an agent
+// opened with the credential tokenID, which was just revoked (its
+// tombstone is in the set Revoked reads). The server calls it as its
+// feed publishes a bearer token's revocation: an agent's stream is not
+// woken at every revocation (its messages are checked one by one,
+// meteredConn), and one that sent none — a session held open without a
+// heartbeat, a signals stream — outlived its credential's revocation,
+// counted as the node's session in its exit evidence. A map lookup;
+// nothing for a token no agent's stream was opened with.
+func (i *Interceptor) EndRevokedStreams(tokenID string) {
+	i.agentStreamsMu.Lock()
+	defer i.agentStreamsMu.Unlock()
+	for _, cancel := range i.agentStreams[tokenID] {
+		cancel(connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("%w: token %s was revoked; the stream is over", ErrRevoked, tokenID)))
+	}
+	delete(i.agentStreams, tokenID)
+}
+
+// holdAgentStream registers an agent's open stream under the id of its
+// credential for EndRevokedStreams, until the returned func is called.
+func (i *Interceptor) holdAgentStream(tokenID string, cancel context.CancelCauseFunc) (release func()) {
+	i.agentStreamsMu.Lock()
+	defer i.agentStreamsMu.Unlock()
+	if i.agentStreams == nil {
+		i.agentStreams = map[string]map[uint64]context.CancelCauseFunc{}
+	}
+	i.agentStreamSeq++
+	seq := i.agentStreamSeq
+	held := i.agentStreams[tokenID]
+	if held == nil {
+		held = map[uint64]context.CancelCauseFunc{}
+		i.agentStreams[tokenID] = held
+	}
+	held[seq] = cancel
+	return func() {
+		i.agentStreamsMu.Lock()
+		defer i.agentStreamsMu.Unlock()
+		if held := i.agentStreams[tokenID]; held != nil {
+			delete(held, seq)
+			if len(held) == 0 {
+				delete(i.agentStreams, tokenID)
+			}
+		}
+	}
 }
 
 // nodeReserve counts the streams a node holds from its own reserves, by
@@ -1245,6 +1297,44 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 			})
 			defer stop()
 		}
+		// An agent's stream outlives its credential's expiry (its session
+		// refreshes it), but not the credential's revocation (tether
+		// token revoke, by value): each message it sends is checked as a
+		// call is (meteredConn), the first one after the revocation
+		// ending the stream, and a stream that sends none is ended as the
+		// revocation is published here (EndRevokedStreams), without
+		// waking every stream at each revocation. Unchecked, a session a
+		// revoked credential had opened went on acknowledging its
+		// heartbeats and handed out a fresh credential, of another id,
+		// that every call took (rogue45b test).
+		var revokedNow func(context.Context) error
+		if p.IsAgent() && i.Revoked != nil && p.TokenID != "" {
+			var cancel context.CancelCauseFunc
+			ctx, cancel = context.WithCancelCause(ctx)
+			defer cancel(nil)
+			revokedNow = func(ctx context.Context) error {
+				revoked, err := i.Revoked(ctx, p.TokenID)
+				switch {
+				case err != nil:
+					refusal := connect.NewError(connect.CodeUnavailable, fmt.Errorf("auth: cannot check the token's revocation: %w", err))
+					cancel(&ended{refusal})
+					return refusal
+				case revoked:
+					refusal := connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("%w: token %s was revoked; the stream is over", ErrRevoked, p.TokenID))
+					cancel(refusal)
+					return refusal
+				}
+				return nil
+			}
+			// Held for EndRevokedStreams, then checked again: a
+			// revocation that reached the set between the admission's
+			// check and the hold ended no stream here. (The set holds a
+			// revocation before its publication ends the streams held.)
+			defer i.holdAgentStream(p.TokenID, cancel)()
+			if err := revokedNow(ctx); err != nil {
+				return err
+			}
+		}
 		if p.IsAgent() && i.AgentEnded != nil {
 			var cancel context.CancelCauseFunc
 			ctx, cancel = context.WithCancelCause(ctx)
@@ -1269,7 +1359,7 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 		// before this line read the cause.
 		// (A context of its own: the watches' goroutines read ctx.)
 		streamCtx, finish := context.WithCancelCause(ctx)
-		err = next(context.WithValue(streamCtx, meterKey{}, m), &meteredConn{StreamingHandlerConn: conn, m: m, ctx: streamCtx})
+		err = next(context.WithValue(streamCtx, meterKey{}, m), &meteredConn{StreamingHandlerConn: conn, m: m, ctx: streamCtx, revoked: revokedNow})
 		finish(nil)
 		if afterStreamHandler != nil {
 			afterStreamHandler()
@@ -1417,14 +1507,26 @@ type meteredConn struct {
 	m        *meter
 	ctx      context.Context
 	received int
+	// revoked, when set (an agent's stream), returns the refusal once the
+	// credential the stream was opened with is revoked, and ends the
+	// stream with it.
+	revoked func(context.Context) error
 }
 
 // Receive charges a message once it has arrived (a stream waiting quietly
 // for its next message costs nothing); a message over the budget is
-// dropped unhandled and ends the stream with the refusal.
+// dropped unhandled and ends the stream with the refusal. An agent's
+// message is first checked against its credential's revocation, as its
+// call would be: one of a revoked credential is dropped unhandled and
+// unpaid, and ends the stream unauthenticated.
 func (c *meteredConn) Receive(msg any) error {
 	if err := c.StreamingHandlerConn.Receive(msg); err != nil {
 		return err
+	}
+	if c.revoked != nil {
+		if err := c.revoked(c.ctx); err != nil {
+			return err
+		}
 	}
 	c.received++
 	switch {
