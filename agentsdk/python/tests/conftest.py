@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tether_agentsdk import Agent, Conn, Retry  # noqa: E402
+from tether_agentsdk import Agent, Conn, Retry, ToolGate  # noqa: E402
 
 # The test server's connections retry nothing: a test sees every answer the
 # server gives, a rate limit's refusal included (the Go and TypeScript test
@@ -141,6 +142,17 @@ def server(tether_bin: str, tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture
 def operator(server: Server) -> Conn:
     return server.operator()
+
+
+@pytest.fixture
+def gate(server: Server):
+    """A started tool gate of a tool server of its own, its cancel
+    orders open, closed after the test."""
+    name = "pytest-gate-" + uuid.uuid4().hex[:8]
+    g = ToolGate(server.tool_server(name), name).start()
+    assert g.ready.wait(10), "the gate's cancel orders did not open"
+    yield g
+    g.close()
 
 
 @dataclass

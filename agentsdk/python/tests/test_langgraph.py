@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 
 import pytest
 
@@ -21,17 +20,8 @@ from langchain_core.tools import tool  # noqa: E402
 from langgraph.graph import END, START, MessagesState, StateGraph  # noqa: E402
 from langgraph.prebuilt import ToolNode, tools_condition  # noqa: E402
 
-from tether_agentsdk import Aborted, ToolCallCancelled, ToolGate, ToolRefused, current_call, tool_gate  # noqa: E402
+from tether_agentsdk import Aborted, ToolCallCancelled, ToolRefused, current_call, tool_gate  # noqa: E402
 from tether_agentsdk.adapters.langgraph import TetherGraph  # noqa: E402
-
-
-@pytest.fixture
-def gate(server):
-    name = "lg-gate-" + uuid.uuid4().hex[:8]
-    g = ToolGate(server.tool_server(name), name).start()
-    assert g.ready.wait(10)
-    yield g
-    g.close()
 
 
 def calls(*names_args):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 
 import pytest
 
@@ -19,19 +18,10 @@ from agents import Agent as SDKAgent  # noqa: E402
 from agents import ModelSettings, function_tool, set_tracing_disabled  # noqa: E402
 from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call  # noqa: E402
 
-from tether_agentsdk import Aborted, ToolCallCancelled, ToolGate, ToolRefused, current_call, tool_gate  # noqa: E402
+from tether_agentsdk import Aborted, ToolCallCancelled, ToolRefused, current_call, tool_gate  # noqa: E402
 from tether_agentsdk.adapters.openai_agents import TetherAgents  # noqa: E402
 
 set_tracing_disabled(True)
-
-
-@pytest.fixture
-def gate(server):
-    name = "oa-gate-" + uuid.uuid4().hex[:8]
-    g = ToolGate(server.tool_server(name), name).start()
-    assert g.ready.wait(10)
-    yield g
-    g.close()
 
 
 def finish(tree, mode="abort"):

@@ -17,19 +17,10 @@ import pytest
 
 from conftest import require_extra
 from helpers import terminate, wait_for
-from tether_agentsdk import ConnectError, GrantRevoked, ScopeNotGranted, TokenExpired, TokenInvalid, ToolGate, Verifier, tool_gate
+from tether_agentsdk import ConnectError, GrantRevoked, ScopeNotGranted, TokenExpired, TokenInvalid, Verifier, tool_gate
 from tether_agentsdk import _wire
 
 BUDGET = 10.0
-
-
-@pytest.fixture
-def gate(server):
-    name = "rogue13-gate-" + uuid.uuid4().hex[:8]
-    g = ToolGate(server.tool_server(name), name).start()
-    assert g.ready.wait(10)
-    yield g
-    g.close()
 
 
 @pytest.fixture

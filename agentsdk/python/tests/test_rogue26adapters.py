@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 
 import pytest
 
@@ -24,20 +23,11 @@ from agents import Agent as SDKAgent  # noqa: E402
 from agents import function_tool, set_tracing_disabled  # noqa: E402
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
 
-from tether_agentsdk import ToolGate, ToolRefused, tool_gate  # noqa: E402
+from tether_agentsdk import ToolRefused, tool_gate  # noqa: E402
 from tether_agentsdk.adapters.langgraph import TetherGraph  # noqa: E402
 from tether_agentsdk.adapters.openai_agents import TetherAgents  # noqa: E402
 
 set_tracing_disabled(True)
-
-
-@pytest.fixture
-def gate(server):
-    name = "r26-gate-" + uuid.uuid4().hex[:8]
-    g = ToolGate(server.tool_server(name), name).start()
-    assert g.ready.wait(10)
-    yield g
-    g.close()
 
 
 @pytest.fixture

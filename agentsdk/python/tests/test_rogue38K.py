@@ -14,21 +14,11 @@ returns."""
 
 from __future__ import annotations
 
-import uuid
 import warnings
 
 import pytest
 
-from tether_agentsdk import ToolGate, tool_gate
-
-
-@pytest.fixture
-def gate(server):
-    name = "pytest-rogue38K-" + uuid.uuid4().hex[:8]
-    g = ToolGate(server.tool_server(name), name).start()
-    assert g.ready.wait(10)
-    yield g
-    g.close()
+from tether_agentsdk import tool_gate
 
 
 def test_rogue38K_a_sync_gate_never_reports_an_awaitable_tool_ended_before_it_ran(server, tree, gate):

@@ -37,21 +37,11 @@ import asyncio
 import gc
 import json
 import threading
-import uuid
 
 import pytest
 
 from helpers import QuietHandler, LoopbackPeer, connect_envelope, terminate, wait_for
-from tether_agentsdk import Agent, Conn, ToolGate, agent as agent_module, tool_gate
-
-
-@pytest.fixture
-def gate(server):
-    name = "pytest-gate-r40h-" + uuid.uuid4().hex[:8]
-    g = ToolGate(server.tool_server(name), name).start()
-    assert g.ready.wait(10)
-    yield g
-    g.close()
+from tether_agentsdk import Agent, Conn, agent as agent_module, tool_gate
 
 
 def child_grant(tree, name: str, scopes=("tool:stream",)):

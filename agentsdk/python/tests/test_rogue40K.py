@@ -14,20 +14,9 @@ placeholder for the text, the tool's own exception going on to its caller.
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import pytest
 
-from tether_agentsdk import ToolGate
-
-
-@pytest.fixture
-def gate(server):
-    name = "pytest-gate-r40k-" + uuid.uuid4().hex[:8]
-    g = ToolGate(server.tool_server(name), name).start()
-    assert g.ready.wait(10)
-    yield g
-    g.close()
 
 
 class RaisingText(Exception):

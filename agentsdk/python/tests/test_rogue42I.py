@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -47,15 +46,6 @@ from tether_agentsdk.adapters.langgraph import TetherGraph  # noqa: E402
 # The loop's default executor in the tests: as many threads as the rogue
 # has work hanging (the default is min(32, cores + 4)).
 POOL = 4
-
-
-@pytest.fixture
-def gate(server):
-    name = "r42i-gate-" + uuid.uuid4().hex[:8]
-    g = ToolGate(server.tool_server(name), name).start()
-    assert g.ready.wait(10), "the gate's cancel orders did not open"
-    yield g
-    g.close()
 
 
 def hang_the_default_executor(hung: threading.Event) -> list[asyncio.Future]:

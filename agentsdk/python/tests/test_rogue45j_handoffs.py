@@ -12,7 +12,6 @@ with the target's tools' scopes."""
 from __future__ import annotations
 
 import threading
-import uuid
 
 import pytest
 
@@ -25,19 +24,10 @@ from agents import Agent as SDKAgent  # noqa: E402
 from agents import function_tool, handoff as sdk_handoff, set_tracing_disabled  # noqa: E402
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
 
-from tether_agentsdk import ToolGate, ToolRefused, current_call, tool_gate  # noqa: E402
+from tether_agentsdk import ToolRefused, current_call, tool_gate  # noqa: E402
 from tether_agentsdk.adapters.openai_agents import TetherAgents  # noqa: E402
 
 set_tracing_disabled(True)
-
-
-@pytest.fixture
-def gate(server):
-    name = "r45j-gate-" + uuid.uuid4().hex[:8]
-    g = ToolGate(server.tool_server(name), name).start()
-    assert g.ready.wait(10)
-    yield g
-    g.close()
 
 
 def _writer(model, ran):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 
 import pytest
 
@@ -24,19 +23,10 @@ from agents import Agent as SDKAgent  # noqa: E402
 from agents import function_tool, set_tracing_disabled  # noqa: E402
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
 
-from tether_agentsdk import Aborted, ToolCallCancelled, ToolGate, current_call  # noqa: E402
+from tether_agentsdk import Aborted, ToolCallCancelled, current_call  # noqa: E402
 from tether_agentsdk.adapters.openai_agents import TetherAgents  # noqa: E402
 
 set_tracing_disabled(True)
-
-
-@pytest.fixture
-def gate(server):
-    name = "r45j-sync-" + uuid.uuid4().hex[:8]
-    g = ToolGate(server.tool_server(name), name).start()
-    assert g.ready.wait(10)
-    yield g
-    g.close()
 
 
 def _abort_and_record(tree, run_started, inside, release=lambda: None):

@@ -5,7 +5,6 @@ Python SDK, played through a real tether server. The Go SDK
 from __future__ import annotations
 
 import threading
-import uuid
 
 import pytest
 
@@ -21,15 +20,6 @@ def offer(operator: Conn, job: str, holder: str) -> dict:
 
 def lease(operator: Conn, job: str) -> dict:
     return operator.call("LeaseService", "GetLease", {"jobId": job})["lease"]
-
-
-@pytest.fixture
-def gate(server):
-    name = "seed-gate-" + uuid.uuid4().hex[:8]
-    g = ToolGate(server.tool_server(name), name).start()
-    assert g.ready.wait(10)
-    yield g
-    g.close()
 
 
 def test_fencing_headers_are_the_ones_the_go_fence_reads(server, tree, tmp_path):

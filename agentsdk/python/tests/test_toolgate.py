@@ -15,15 +15,6 @@ from tether_agentsdk import ConnectError, Conn, ToolCallCancelled, ToolGate, Too
 
 
 # The gate reports as the tool layer with a tool-server token of its own.
-@pytest.fixture
-def gate(server):
-    name = "pytest-gate-" + uuid.uuid4().hex[:8]
-    g = ToolGate(server.tool_server(name), name).start()
-    assert g.ready.wait(10)
-    yield g
-    g.close()
-
-
 def child_grant(tree, name: str, scopes=("tool:search",)):
     child = tree.root.spawn(name)
     grant = tree.root.delegate(tree.root_grant_id, child.node_id, list(scopes), ttl=600)
