@@ -26,8 +26,6 @@ type rawSession struct {
 	cancel context.CancelFunc
 }
 
-// openSession opens nodeID's session and waits for the control plane's
-// answer; it returns the refusal if there is one.
 // endSessionStored moves clk a minute on, ends sess, node's session, and
 // waits for its end to be stored.
 func endSessionStored(t *testing.T, admin *testserver.Clients, clk *clock.Manual, sess *rawSession, node string) {
@@ -39,9 +37,18 @@ func endSessionStored(t *testing.T, admin *testserver.Clients, clk *clock.Manual
 	})
 }
 
+// openSession opens nodeID's session and waits for the control plane's
+// answer; it returns the refusal if there is one.
 func openSession(t *testing.T, c *testserver.Clients, nodeID string) (*rawSession, error) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	return openSessionIn(t, context.Background(), c, nodeID)
+}
+
+// openSessionIn is openSession with the stream bound by parent (a test's
+// guard, so that a missing message fails the test instead of hanging it).
+func openSessionIn(t *testing.T, parent context.Context, c *testserver.Clients, nodeID string) (*rawSession, error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(parent)
 	stream := c.Agent.Session(ctx)
 	s := &rawSession{stream: stream, cancel: cancel}
 	t.Cleanup(s.close)

@@ -2,8 +2,6 @@ package controlplane_test
 
 import (
 	"context"
-	"errors"
-	"io"
 	"testing"
 	"time"
 
@@ -38,17 +36,11 @@ func TestRogue45BAnAgentCredentialRevokedOnOneReplicaEndsItsStreamsOnAnother(t *
 	node := worker.Node.NodeId
 	rogueOnB := b.Clients(worker.Credential)
 
-	session := rogueOnB.Agent.Session(ctx)
-	defer func() {
-		_ = session.CloseRequest()
-		_ = session.CloseResponse()
-	}()
-	if err := session.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Hello{Hello: &tetherv1.SessionHello{NodeId: node}}}); err != nil && !errors.Is(err, io.EOF) {
-		t.Fatal(err)
+	opened, err := openSessionIn(t, ctx, rogueOnB, node)
+	if err != nil {
+		t.Fatalf("the session's first message on B: %v; want opened", err)
 	}
-	if resp, err := session.Receive(); err != nil || resp.GetOpened() == nil {
-		t.Fatalf("the session's first message on B: %v, %v; want opened", resp, err)
-	}
+	session := opened.stream
 	signals, err := rogueOnB.Agent.WatchSignals(ctx, connect.NewRequest(&tetherv1.WatchSignalsRequest{NodeId: node}))
 	if err != nil {
 		t.Fatal(err)

@@ -42,17 +42,11 @@ func TestRogue45BAnAgentCredentialRevokedByValueEndsItsStreamsAndIsNotRefreshed(
 	// it; nothing waits for it to pass.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	stream := rogue.Agent.Session(ctx)
-	defer func() {
-		_ = stream.CloseRequest()
-		_ = stream.CloseResponse()
-	}()
-	if err := stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Hello{Hello: &tetherv1.SessionHello{NodeId: node}}}); err != nil && !errors.Is(err, io.EOF) {
-		t.Fatal(err)
+	opened, err := openSessionIn(t, ctx, rogue, node)
+	if err != nil {
+		t.Fatalf("the session's first message: %v; want opened", err)
 	}
-	if resp, err := stream.Receive(); err != nil || resp.GetOpened() == nil {
-		t.Fatalf("the session's first message: %v, %v; want opened", resp, err)
-	}
+	stream := opened.stream
 	// beat sends one heartbeat and returns the credential the session
 	// handed out with its acknowledgement (when one is due), or the error
 	// the session ended with.
