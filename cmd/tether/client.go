@@ -144,15 +144,10 @@ func answer[R any](resp *connect.Response[R], err error) (*R, error) {
 // forged the answer (a proxy, a replica under a rogue's control) is told,
 // not read as if it held one (a nil dereference, an empty token printed or
 // written, another grant printed under the id asked for). It is the
-// console's answered.
+// console's answered (both agentsdk.AnswerCarries), its ids written for
+// the terminal.
 func carried(kind, asked, got string, present bool) error {
-	switch {
-	case !present:
-		return fmt.Errorf("the answer carried no %s: it is not the control plane's", kind)
-	case asked != "" && got != asked:
-		return fmt.Errorf("the answer carried %s %s, not %s: it is not the control plane's", kind, printable(got), printable(asked))
-	}
-	return nil
+	return agentsdk.AnswerCarries(kind, asked, got, present, printable)
 }
 
 // somePages collects the pages of a paged list from token on until it holds

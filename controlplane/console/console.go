@@ -518,12 +518,11 @@ func errorText(err error) string {
 // one lacking it dereferenced nil, a panic in the control plane's own
 // process, and one carrying another object drew that object's page
 // under the id asked for. Its error is internal, shown as a bad gateway.
+// (agentsdk.AnswerCarries, which the CLI's commands use too; here an
+// object with no id counts as none.)
 func answered(kind, asked, got string, present bool) error {
-	switch {
-	case !present || got == "":
-		return connect.NewError(connect.CodeInternal, fmt.Errorf("the answer carried no %s: it is not the control plane's", kind))
-	case asked != "" && got != asked:
-		return connect.NewError(connect.CodeInternal, fmt.Errorf("the answer carried %s %s, not %s: it is not the control plane's", kind, linked(got), linked(asked)))
+	if err := agentsdk.AnswerCarries(kind, asked, got, present && got != "", linked); err != nil {
+		return connect.NewError(connect.CodeInternal, err)
 	}
 	return nil
 }
