@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -22,7 +23,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tether_agentsdk import Agent, Conn, Retry, ToolGate  # noqa: E402
+from tether_agentsdk import Agent, Conn, Retry, ToolGate, tool_gate  # noqa: E402
 
 # The test server's connections retry nothing: a test sees every answer the
 # server gives, a rate limit's refusal included (the Go and TypeScript test
@@ -176,6 +177,31 @@ def tree(server: Server, request: pytest.FixtureRequest):
     assert root.opened.wait(10), "the root's signal stream did not open"
     yield Tree(operator=op, root=root, root_grant_id=g["grant"]["grantId"], root_token=g["token"])
     root.close()
+
+
+@pytest.fixture
+def draining(tree, gate):
+    """The tree's root draining, a call of its own held in flight so that
+    the drain stays open."""
+    from helpers import terminate  # helpers imports this module
+
+    inside, release = threading.Event(), threading.Event()
+
+    def holder():
+        with tool_gate(gate, "hold", token=tree.root_token):
+            inside.set()
+            release.wait(30)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    try:
+        assert inside.wait(10)
+        terminate(tree.operator, tree.root.node_id, "drain", confirm="1s")
+        assert tree.root.draining.wait(10)
+        yield tree
+    finally:
+        release.set()
+        t.join(30)
 
 
 def require_extra(module: str):

@@ -20,7 +20,7 @@ from langchain_core.tools import tool  # noqa: E402
 from langgraph.graph import END, START, MessagesState, StateGraph  # noqa: E402
 from langgraph.prebuilt import ToolNode, tools_condition  # noqa: E402
 
-from tether_agentsdk import Aborted, ToolCallCancelled, ToolRefused, current_call, tool_gate  # noqa: E402
+from tether_agentsdk import Aborted, ToolCallCancelled, ToolRefused, current_call  # noqa: E402
 from tether_agentsdk.adapters.langgraph import TetherGraph  # noqa: E402
 
 
@@ -107,33 +107,18 @@ def test_tool_nodes_are_gated_and_a_subgraph_is_a_child_with_an_attenuated_grant
     assert e.value.code == "permission_denied"
 
 
-def test_a_draining_subtree_refuses_the_graphs_tool_calls(server, tree, gate):
+def test_a_draining_subtree_refuses_the_graphs_tool_calls(server, draining, gate):
+    tree = draining
     @tool
     def lookup(topic: str) -> str:
         """Looks a topic up."""
         raise AssertionError("refused calls must not run")
 
-    inside, release = threading.Event(), threading.Event()
-
-    def holder():  # another call in flight keeps the drain open
-        with tool_gate(gate, "hold", token=tree.root_token):
-            inside.set()
-            release.wait(30)
-
-    t = threading.Thread(target=holder)
-    t.start()
-    try:
-        assert inside.wait(10)
-        terminate(tree.operator, tree.root.node_id, "drain", confirm="1s")
-        assert tree.root.draining.wait(10)
-        tether = TetherGraph(tree.root, gate, token=tree.root_token, grant_id=tree.root_grant_id)
-        model = GenericFakeChatModel(messages=iter([calls(("lookup", {"topic": "x"})), AIMessage(content="no")]))
-        with pytest.raises(ToolRefused) as e:
-            tether.invoke(react(model, tether.tools([lookup])), {"messages": [HumanMessage(content="go")]})
-        assert e.value.draining
-    finally:
-        release.set()
-        t.join(30)
+    tether = TetherGraph(tree.root, gate, token=tree.root_token, grant_id=tree.root_grant_id)
+    model = GenericFakeChatModel(messages=iter([calls(("lookup", {"topic": "x"})), AIMessage(content="no")]))
+    with pytest.raises(ToolRefused) as e:
+        tether.invoke(react(model, tether.tools([lookup])), {"messages": [HumanMessage(content="go")]})
+    assert e.value.draining
 
 
 def test_an_abort_cancels_the_graph_and_its_tool_call(server, tree, gate):

@@ -9,7 +9,6 @@ framework) instead."""
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pytest
 
@@ -23,34 +22,11 @@ from agents import Agent as SDKAgent  # noqa: E402
 from agents import function_tool, set_tracing_disabled  # noqa: E402
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
 
-from tether_agentsdk import ToolRefused, tool_gate  # noqa: E402
+from tether_agentsdk import ToolRefused  # noqa: E402
 from tether_agentsdk.adapters.langgraph import TetherGraph  # noqa: E402
 from tether_agentsdk.adapters.openai_agents import TetherAgents  # noqa: E402
 
 set_tracing_disabled(True)
-
-
-@pytest.fixture
-def draining(tree, gate):
-    """The tree's root draining, a call of its own held in flight so that
-    the drain stays open."""
-    inside, release = threading.Event(), threading.Event()
-
-    def holder():
-        with tool_gate(gate, "hold", token=tree.root_token):
-            inside.set()
-            release.wait(30)
-
-    t = threading.Thread(target=holder)
-    t.start()
-    try:
-        assert inside.wait(10)
-        terminate(tree.operator, tree.root.node_id, "drain", confirm="1s")
-        assert tree.root.draining.wait(10)
-        yield tree
-    finally:
-        release.set()
-        t.join(30)
 
 
 def test_a_handoff_taken_while_draining_fails_the_run_with_tool_refused(draining, gate):

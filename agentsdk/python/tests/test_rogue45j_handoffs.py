@@ -11,12 +11,10 @@ with the target's tools' scopes."""
 
 from __future__ import annotations
 
-import threading
 
 import pytest
 
 from conftest import require_extra
-from helpers import terminate
 
 require_extra("agents")
 
@@ -24,7 +22,7 @@ from agents import Agent as SDKAgent  # noqa: E402
 from agents import function_tool, handoff as sdk_handoff, set_tracing_disabled  # noqa: E402
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
 
-from tether_agentsdk import ToolRefused, current_call, tool_gate  # noqa: E402
+from tether_agentsdk import ToolRefused, current_call  # noqa: E402
 from tether_agentsdk.adapters.openai_agents import TetherAgents  # noqa: E402
 
 set_tracing_disabled(True)
@@ -64,37 +62,22 @@ def test_rogue45j_a_handoff_the_agent_carried_runs_its_tools_as_a_gated_child(se
     assert ran == [("publish", child.node_id, grant.grant_id)]
 
 
-def test_rogue45j_a_handoff_the_agent_carried_is_refused_while_the_run_drains(server, tree, gate):
+def test_rogue45j_a_handoff_the_agent_carried_is_refused_while_the_run_drains(server, draining, gate):
+    tree = draining
     ran = []
-    inside, release = threading.Event(), threading.Event()
-
-    def holder():  # a call of the root's own in flight keeps the drain open
-        with tool_gate(gate, "hold", token=tree.root_token):
-            inside.set()
-            release.wait(30)
-
-    t = threading.Thread(target=holder)
-    t.start()
-    try:
-        assert inside.wait(10)
-        terminate(tree.operator, tree.root.node_id, "drain", confirm="1s")
-        assert tree.root.draining.wait(10)
-        model = ScriptedModel([
-            [function_call("transfer_to_writer", {}, call_id="c1")],
-            [function_call("publish", {"text": "secret plans"}, call_id="c2")],
-            [assistant_message("done")],
-        ])
-        tether = TetherAgents(tree.root, gate, token=tree.root_token, grant_id=tree.root_grant_id)
-        triage = tether.agent(SDKAgent(name="triage", model=model, handoffs=[_writer(model, ran)]))
-        # Before: the run finished "done" and publish ran (ran == [None])
-        # while its agent drained.
-        with pytest.raises(ToolRefused) as e:
-            tether.run_sync(triage, "go")
-        assert e.value.draining, e.value
-        assert ran == []
-    finally:
-        release.set()
-        t.join(30)
+    model = ScriptedModel([
+        [function_call("transfer_to_writer", {}, call_id="c1")],
+        [function_call("publish", {"text": "secret plans"}, call_id="c2")],
+        [assistant_message("done")],
+    ])
+    tether = TetherAgents(tree.root, gate, token=tree.root_token, grant_id=tree.root_grant_id)
+    triage = tether.agent(SDKAgent(name="triage", model=model, handoffs=[_writer(model, ran)]))
+    # Before: the run finished "done" and publish ran (ran == [None])
+    # while its agent drained.
+    with pytest.raises(ToolRefused) as e:
+        tether.run_sync(triage, "go")
+    assert e.value.draining, e.value
+    assert ran == []
 
 
 def test_rogue45j_a_cycle_of_handoffs_back_to_the_runs_agent_runs_it_as_the_run(server, tree, gate):
