@@ -12,6 +12,7 @@ import (
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
 )
 
 // composeWorld is a parent agent P (registered by the operator) with a
@@ -381,8 +382,12 @@ func TestADescendantAgentCannotLoosenItsAncestorsTermination(t *testing.T) {
 	if n := w.node(t, w.grandchild.Node.NodeId); n.TerminationId != inner.TerminationId || n.State != tetherv1.NodeState_NODE_STATE_DRAINING {
 		t.Fatalf("after the refusals the grandchild is %s under %s", n.State, n.TerminationId)
 	}
-	// The parent escalates its own drain to an abort.
+	// The parent escalates its own drain to an abort. Its call's gate
+	// has the agents' least acknowledgement window to answer the cancel
+	// (rogue46h), which passes silent.
 	outer := terminate(t, parent, w.grandchild.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 0, 0)
+	waitState(t, w.srv, outer.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_ABORTING)
+	w.clk.Advance(supervisor.MinAgentCancelAckTimeout)
 	waitState(t, w.srv, inner.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 	done := waitState(t, w.srv, outer.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 	if len(done.TookOverFrom) != 1 || done.TookOverFrom[0] != inner.TerminationId {

@@ -150,6 +150,11 @@ const (
 	DefaultDrainWindow      = 30 * time.Second
 	DefaultCancelAckTimeout = 10 * time.Second
 	DefaultConfirmTimeout   = 30 * time.Second
+	// MinAgentCancelAckTimeout is the least acknowledgement window of an
+	// agent's stop of its subtree (TerminateIn): the time the gates, not
+	// the workload, have to answer its cancel orders. An agent's own stop
+	// proposal takes DefaultCancelAckTimeout whatever it asks.
+	MinAgentCancelAckTimeout = DefaultCancelAckTimeout
 	// DefaultHookTimeout bounds a termination's privilege revocations.
 	DefaultHookTimeout = 10 * time.Second
 )
@@ -248,6 +253,19 @@ func (s *Supervisor) TerminateIn(tx store.Txn, req TerminateRequest) (Terminatio
 			return Termination{}, fmt.Errorf("%w: the requesting agent is being stopped: %s; it cannot start a termination", ErrAlreadyStopping, cover.Describe(requester.NodeID))
 		}
 		t.RequesterLineage = append(append([]string(nil), requester.Ancestors...), requester.NodeID)
+		// The agent orders the cancels; the gate's time to answer them is
+		// not the agent's to take away. With no acknowledgement window
+		// its abort's deadline was the order's own instant: every
+		// acknowledgement, and every report that a call completed, was
+		// refused however soon the gate sent it, and the record closed the
+		// calls cancel_unacknowledged, the gate's silence where it had
+		// answered at once (a payment that went through read as a cancel
+		// nobody confirmed, ahead of the operator's stop, which then found
+		// the node terminated by that record: rogue46h test
+		// TestRogue46HAnOwnZeroWindowAbortDoesNotSilenceTheGate). Its
+		// stop now waits for them at least as long as its own stop
+		// proposal would (the termination shows the window it waits).
+		t.CancelAckTimeout = max(t.CancelAckTimeout, MinAgentCancelAckTimeout)
 	}
 	seen := make(map[string]bool, len(roots))
 	for _, r := range roots {
