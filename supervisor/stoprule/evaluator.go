@@ -496,13 +496,9 @@ func (r *Rules) load(ctx context.Context) (*index, error) {
 		peakAt: map[string]int{}, peakStart: map[string]*pendingPeak{}, unseen: map[string]*pendingPeak{}, peakRisen: map[string]bool{}}
 	var rules []*Rule
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
-		var err error
-		if rules, err = allRules(tx); err != nil {
-			return err
-		}
 		ix.nodesRev = tx.Revision()
 		ix.rulesRev = tx.Revision()
-		err = tx.Scan([]byte(tree.NodePrefix), nil, func(_, v []byte) error {
+		err := tx.Scan([]byte(tree.NodePrefix), nil, func(_, v []byte) error {
 			n := &tree.Node{}
 			if err := tree.UnmarshalNode(v, n); err != nil {
 				return err
@@ -511,6 +507,22 @@ func (r *Rules) load(ctx context.Context) (*index, error) {
 			return nil
 		})
 		if err != nil {
+			return err
+		}
+		// The rules that can be in effect at a node judged: the selector
+		// rules, and those attached to a node with a judged node below
+		// it, found by their index (a key each, no value), and only their
+		// records read. A rule attached to a node whose whole subtree has
+		// terminated is in effect at no node ever judged again (a
+		// terminated node spawns no child): it is neither read, compiled
+		// nor held. Each start (a restart, a leader change, a rescan after
+		// the watch fell behind, which a rogue flooding the store can
+		// force) read and decoded every rule ever stored: a rogue that gave
+		// each child it ended its allotment of rules, each with the
+		// largest description and labels it may set, had every start read
+		// some 128 records of nearly 3 KiB per child it ever had, all held
+		// at once, before any rule of any tree was judged (rogue46a test).
+		if rules, err = liveRules(tx, ix.judgedBelow); err != nil {
 			return err
 		}
 		// The last pass's counts go on from this snapshot, read in the
@@ -547,16 +559,11 @@ func (r *Rules) load(ctx context.Context) (*index, error) {
 		return nil, err
 	}
 	r.peaks = nil
-	// A rule attached to a node whose whole subtree has terminated is in
-	// effect at no node ever judged again (a terminated node spawns no
-	// child): it is not compiled nor held. Else a rogue that gave each
-	// child it ended its allotment of rules had every start of the
-	// evaluator compile them all before any rule of any tree was judged,
-	// and hold them in memory.
+	// Only the rules in effect at a node judged were read (liveRules):
+	// else a rogue that gave each child it ended its allotment of rules
+	// had every start of the evaluator compile them all before any rule
+	// of any tree was judged, and hold them in memory.
 	for _, rule := range rules {
-		if rule.NodeID != "" && ix.judgedBelow[rule.NodeID] == 0 {
-			continue
-		}
 		r.putRule(ix, rule)
 	}
 	for id, n := range ix.nodes {

@@ -1400,6 +1400,33 @@ func rulesIndexed(tx store.ReadTxn, prefix string) ([]*Rule, error) {
 	}); err != nil {
 		return nil, err
 	}
+	return rulesByID(tx, ids)
+}
+
+// liveRules reads the selector rules and the rules attached to a node
+// with a judged node below it (judgedBelow above 0): the index of rules
+// by node is scanned, a key each, and only those rules' records are read.
+func liveRules(tx store.ReadTxn, judgedBelow map[string]int) ([]*Rule, error) {
+	out, err := rulesIndexed(tx, prefixSel)
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	if err := tx.Scan([]byte(prefixOn), nil, func(k, _ []byte) error {
+		node, rule, ok := strings.Cut(tail(k, prefixOn), "/")
+		if ok && judgedBelow[node] > 0 {
+			ids = append(ids, rule)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	attached, err := rulesByID(tx, ids)
+	return append(out, attached...), err
+}
+
+// rulesByID reads the rules of ids, each listed by an index.
+func rulesByID(tx store.ReadTxn, ids []string) ([]*Rule, error) {
 	if err := store.Prefetch(tx, store.KeysOf(ids, ruleKey), nil); err != nil {
 		return nil, err
 	}
