@@ -107,6 +107,12 @@ def _reach(sdk_agent: SDKAgent) -> list[str]:
         for t in a.tools:
             if isinstance(t, FunctionTool) and f"tool:{t.name}" not in scopes:
                 scopes.append(f"tool:{t.name}")
+        for t in a.tools:
+            spec = getattr(t, "_tether_agent_tool", None)
+            if spec is not None and spec[2] is not None:
+                scopes += [s for s in spec[2] if s not in scopes]
+            elif spec is not None:
+                todo.append(spec[0])
         for h in a.handoffs:
             spec = getattr(h, "_tether_spec", None)
             if spec is not None:
@@ -142,12 +148,49 @@ class TetherAgents:
         no gate, as no node of the tree, recorded nowhere and not refused
         while the run drained (rogue45j tests), where the TypeScript
         adapter wraps every handoff it reaches."""
-        tools = [(_gated(t, self.subtree.gate, node) if isinstance(t, FunctionTool) else t) for t in sdk_agent.tools]
+        tools = [self._tool(t, node) for t in sdk_agent.tools]
         handoffs = overrides.pop("handoffs", sdk_agent.handoffs)
         copy = sdk_agent.clone(tools=tools, handoffs=[], **overrides)
         copy._tether_node = node  # type: ignore[attr-defined]
         copy.handoffs = [self._tethered_handoff(h, node) for h in handoffs]
         return copy
+
+    def _tool(self, t: Any, node: Node) -> Any:
+        """``t`` as ``node`` calls it: a function tool gated; an agent tool
+        ``agent_tool()`` made running its agent as a child of ``node``.
+        An agent tool the SDK made (``as_tool``) of an agent Tether did not
+        bind to a node is refused: it would run that agent's tools inside
+        its one gated call, ungated (no node, nothing in the ledger, no
+        scope, not refused while the run drains: rogue46b tests)."""
+        if not isinstance(t, FunctionTool):
+            return t
+        spec = getattr(t, "_tether_agent_tool", None)
+        if spec is not None:
+            t = self._agent_tool_as(t, spec, node)
+        elif getattr(t, "_is_agent_tool", False) and getattr(getattr(t, "_agent_instance", None), "_tether_node", None) is None:
+            inner = getattr(getattr(t, "_agent_instance", None), "name", "?")
+            raise ValueError(
+                f"tether: tool {t.name!r} runs agent {inner!r} (as_tool), whose tools would run ungated inside "
+                f"it; make it with TetherAgents.agent_tool({inner}, ...) (a child of the agent calling it) or "
+                f"subagent({inner}, ...).as_tool(...)")
+        return _gated(t, self.subtree.gate, node)
+
+    def _agent_tool_as(self, t: FunctionTool, spec: tuple, node: Node) -> FunctionTool:
+        """The agent tool ``agent_tool()`` made, called by ``node``: each
+        call spawns its agent as a child of ``node`` (``_taken``'s scopes)
+        and runs the SDK's own agent tool (``as_tool``, with the arguments
+        given) of the agent wrapped for that child."""
+        sdk_agent, name, scopes, ttl, as_tool_kwargs = spec
+        subtree = self.subtree
+
+        async def on_invoke_tool(ctx: Any, arguments: str) -> Any:
+            inner, child = self._taken(sdk_agent, node, None if scopes is None else (name, scopes, ttl))
+            await subtree.spawned(child)
+            return await inner.as_tool(**as_tool_kwargs).on_invoke_tool(ctx, arguments)
+
+        made = dataclasses.replace(t, on_invoke_tool=on_invoke_tool)
+        made._tether_agent_tool = spec  # type: ignore[attr-defined]
+        return made
 
     def _taken(self, chosen: SDKAgent, taker: Node, spec: tuple | None) -> tuple[SDKAgent, Node]:
         """The agent a handoff taken by ``taker`` runs: one Tether already
@@ -222,6 +265,21 @@ class TetherAgents:
         plain = sdk_handoff(sdk_agent, **handoff_kwargs)
         plain._tether_spec = (name, scopes, ttl)  # type: ignore[attr-defined]
         return self._tethered_handoff(plain, self.subtree.root)
+
+    def agent_tool(self, sdk_agent: SDKAgent, *, scopes: list[str] | None = None, name: str | None = None,
+                   ttl: float | timedelta = 600, **as_tool_kwargs: Any) -> FunctionTool:
+        """``sdk_agent.as_tool(**as_tool_kwargs)`` for an agent passed
+        through ``agent()`` (or reached from one): each call runs
+        ``sdk_agent`` as a child of the node of the agent calling it,
+        spawned for the call, with ``scopes`` (default ``tool:<name>`` for
+        each function tool of it and of the agents it reaches), its tools
+        gated as that child, so that a drain or abort of the caller's
+        subtree stops them. An SDK ``as_tool`` of an agent Tether did not
+        wrap is refused by ``agent()``: it ran the agent's tools ungated
+        inside its one gated call (rogue46b tests)."""
+        made = sdk_agent.as_tool(**as_tool_kwargs)
+        made._tether_agent_tool = (sdk_agent, name, scopes, ttl, as_tool_kwargs)  # type: ignore[attr-defined]
+        return made
 
     async def run(self, starting_agent: SDKAgent, input: Any, **runner_kwargs: Any) -> RunResult:
         """Runner.run, cancelled when the Tether agent is aborted (raises
