@@ -166,8 +166,10 @@ class TetherAgents:
             return t
         spec = getattr(t, "_tether_agent_tool", None)
         if spec is not None:
-            t = self._agent_tool_as(t, spec, node)
-        elif getattr(t, "_is_agent_tool", False) and getattr(getattr(t, "_agent_instance", None), "_tether_node", None) is None:
+            made = _gated(self._agent_tool_as(t, spec, node), self.subtree.gate, node)
+            made._tether_agent_tool = spec  # type: ignore[attr-defined]  # wrapped again: bound again
+            return made
+        if getattr(t, "_is_agent_tool", False) and getattr(getattr(t, "_agent_instance", None), "_tether_node", None) is None:
             inner = getattr(getattr(t, "_agent_instance", None), "name", "?")
             raise ValueError(
                 f"tether: tool {t.name!r} runs agent {inner!r} (as_tool), whose tools would run ungated inside "
@@ -188,9 +190,7 @@ class TetherAgents:
             await subtree.spawned(child)
             return await inner.as_tool(**as_tool_kwargs).on_invoke_tool(ctx, arguments)
 
-        made = dataclasses.replace(t, on_invoke_tool=on_invoke_tool)
-        made._tether_agent_tool = spec  # type: ignore[attr-defined]
-        return made
+        return dataclasses.replace(t, on_invoke_tool=on_invoke_tool)
 
     def _taken(self, chosen: SDKAgent, taker: Node, spec: tuple | None) -> tuple[SDKAgent, Node]:
         """The agent a handoff taken by ``taker`` runs: one Tether already
