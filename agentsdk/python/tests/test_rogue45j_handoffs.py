@@ -80,10 +80,13 @@ def test_rogue45j_a_handoff_the_agent_carried_is_refused_while_the_run_drains(se
     assert ran == []
 
 
-def test_rogue45j_a_cycle_of_handoffs_back_to_the_runs_agent_runs_it_as_the_run(server, tree, gate):
-    """The writer hands back to the (unwrapped) triage agent: triage is the
-    run's own agent, gated as the run's node, not a second child; the
-    wrapping ends at the cycle."""
+def test_rogue45j_a_cycle_of_handoffs_back_to_the_runs_agent_runs_it_under_the_writer(server, tree, gate):
+    """The writer hands back to the (unwrapped) triage agent: the wrapping
+    ends at the cycle (each handoff wraps its target when taken). Until
+    the forty-sixth pass triage then ran as the run's node, beside the
+    writer's subtree, which an operator's stop of the writer did not
+    reach; it now runs as a child of the writer, as the TypeScript adapter
+    runs it (rogue46b), the writer's grant covering what it hands off to."""
     ran = []
     model = ScriptedModel([
         [function_call("transfer_to_writer", {}, call_id="c1")],
@@ -106,6 +109,9 @@ def test_rogue45j_a_cycle_of_handoffs_back_to_the_runs_agent_runs_it_as_the_run(
     tether = TetherAgents(tree.root, gate, token=tree.root_token, grant_id=tree.root_grant_id)
     result = tether.run_sync(tether.agent(triage), "go")
     assert result.final_output == "done"
-    [(child, grant)] = tether.children
+    [(child, grant), (again, again_grant)] = tether.children
+    assert grant.scopes == ["tool:publish", "tool:lookup"]
+    assert again.node["parentNodeId"] == child.node_id and again.node["name"] == "triage"
+    assert again_grant.grant["parentGrantId"] == grant.grant_id
     assert ran == [("publish", child.node_id, grant.grant_id),
-                   ("lookup", tree.root.node_id, tree.root_grant_id)]
+                   ("lookup", again.node_id, again_grant.grant_id)]

@@ -2,7 +2,7 @@
 // with the calling node's capability token; a handoff spawns the target as
 // a child node with an attenuated grant; the run is aborted when its
 // subtree is aborted.
-import { Agent as OpenAIAgent, Handoff, run, type FunctionTool, type Tool } from "@openai/agents";
+import { Agent as OpenAIAgent, Handoff, run, type AgentToolOptions, type FunctionTool, type Tool } from "@openai/agents";
 
 import { isRefusedStopping, isRefusedToken } from "../errors.js";
 import { TetherScope } from "../scope.js";
@@ -28,10 +28,59 @@ export interface TetherAgentOptions {
 const defaultRefusal = (tool: string, err: unknown) =>
   `Tether refused the call to ${tool}: ${err instanceof Error ? err.message : String(err)}. Do not retry; finish up.`;
 
+/** What {@link tetherAgentTool} made a tool of: its agent, asTool's options, and the child's scopes. */
+interface AgentToolSpec {
+  agent: OpenAIAgent<any, any>;
+  asTool: AgentToolOptions<any, any, any>;
+  scopes?: string[];
+  ttlMs?: number;
+}
+
+const agentTools = new WeakMap<object, AgentToolSpec>();
+/** The tools gateTool made (an agent tool's among them: gated, and bound). */
+const gatedTools = new WeakSet<object>();
+
+/**
+ * `agent.asTool(asTool)` for an agent run by {@link tetherAgent} (or
+ * reached from one): each call runs agent as a child of the node of the
+ * agent calling the tool, spawned for the call, with `scopes` (default:
+ * the `scopesFor` option's, or `tool:<name>` for each function tool of it
+ * and of the agents it reaches), its tools gated as that child, so that a
+ * drain or abort of the caller's subtree stops them. A tool
+ * `agent.asTool(...)` made directly ran the agent's tools ungated inside
+ * its one gated call; {@link tetherAgent} now refuses one (rogue46B tests).
+ */
+export function tetherAgentTool<A extends OpenAIAgent<any, any>>(
+  agent: A,
+  asTool: AgentToolOptions<any, A, any>,
+  child: { scopes?: string[]; ttlMs?: number } = {},
+): FunctionTool<any, any, any> {
+  const made = agent.asTool(asTool as any) as unknown as FunctionTool<any, any, any>;
+  agentTools.set(made, { agent, asTool, scopes: child.scopes, ttlMs: child.ttlMs });
+  return made;
+}
+
+/**
+ * Whether t is a tool `Agent.asTool` made: @openai/agents marks none
+ * publicly, but gives each the `on` of its stream events, which no other
+ * function tool has.
+ */
+function isAgentTool(t: Tool<any>): boolean {
+  return t.type === "function" && typeof (t as unknown as { on?: unknown }).on === "function";
+}
+
 /** Wraps a function tool so that each call goes through the gate of the scope current at call time. */
 export function gateTool<T extends Tool<any>>(scope: () => TetherScope, t: T, options: TetherAgentOptions = {}): T {
   if (t.type !== "function") return t; // hosted tools run at the model provider, not here
-  const fn = t as unknown as FunctionTool<any, any, any>;
+  let fn = t as unknown as FunctionTool<any, any, any>;
+  const spec = agentTools.get(t);
+  if (spec) {
+    fn = agentToolAs(scope, fn, spec, options);
+  } else if (isAgentTool(t) && !gatedTools.has(t)) {
+    throw new Error(
+      `tether: tool ${fn.name} runs an agent (asTool), whose tools would run ungated inside it; make it with tetherAgentTool(agent, options)`,
+    );
+  }
   const refusal = options.refusalMessage ?? defaultRefusal;
   const gated: FunctionTool<any, any, any> = {
     ...fn,
@@ -49,11 +98,58 @@ export function gateTool<T extends Tool<any>>(scope: () => TetherScope, t: T, op
       }
     },
   };
+  gatedTools.add(gated);
   return gated as unknown as T;
 }
 
+/**
+ * The agent tool spec's agent as scope's node calls it: each call spawns
+ * the agent as a child of that node and runs the SDK's own agent tool
+ * (asTool, with the options given) of the agent wrapped for that child.
+ */
+function agentToolAs(scope: () => TetherScope, fn: FunctionTool<any, any, any>, spec: AgentToolSpec, options: TetherAgentOptions): FunctionTool<any, any, any> {
+  return {
+    ...fn,
+    invoke: async (runContext, input, details) => {
+      const parent = scope();
+      const child = await parent.child(spec.agent.name, {
+        scopes: spec.scopes ?? options.scopesFor?.(spec.agent) ?? defaultScopes(spec.agent, parent),
+        ttlMs: spec.ttlMs ?? options.childTtlMs,
+        labels: { "tether.dev/framework": "openai-agents", "tether.dev/agent-tool": fn.name },
+      });
+      const inner = wrap(() => child, spec.agent, options, new Map()).asTool(spec.asTool as any) as unknown as FunctionTool<any, any, any>;
+      return inner.invoke(runContext, input, details);
+    },
+  };
+}
+
+/**
+ * `tool:<name>` for each function tool of agent and of every agent it can
+ * hand off to or run as a tool ({@link tetherAgentTool}'s: its scopes
+ * when given), and they in turn: what its child node delegates on to the
+ * children it spawns, which the control plane refuses to widen. With its
+ * own tools' alone, a handoff its target took was refused (scope
+ * escalation) unless `scopesFor` said more. A target reaching none gets
+ * the parent's scopes.
+ */
 function defaultScopes(agent: OpenAIAgent<any, any>, parent: TetherScope): string[] {
-  const names = agent.tools.filter((t) => t.type === "function").map((t) => `tool:${t.name}`);
+  const names: string[] = [];
+  const add = (s: string) => {
+    if (!names.includes(s)) names.push(s);
+  };
+  const seen = new Set<OpenAIAgent<any, any>>();
+  const todo = [agent];
+  for (let a = todo.shift(); a !== undefined; a = todo.shift()) {
+    if (seen.has(a)) continue;
+    seen.add(a);
+    for (const t of a.tools) if (t.type === "function") add(`tool:${t.name}`);
+    for (const t of a.tools) {
+      const spec = agentTools.get(t);
+      if (spec?.scopes) spec.scopes.forEach(add);
+      else if (spec) todo.push(spec.agent);
+    }
+    for (const h of a.handoffs) todo.push(h instanceof Handoff ? h.agent : h);
+  }
   return names.length > 0 ? names : parent.scopes;
 }
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, Awaitable, Callable, TypeVar
 
+from .. import _wire
 from .._connect import FAILED_PRECONDITION, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError
 from ..agent import Aborted, Agent, Child, Grant, Signal
 from ..toolgate import Token, ToolGate, ToolRefused
@@ -28,6 +29,9 @@ class Node:
         self._lock = threading.Lock()
         self.child: Child | None = None
         self.grant: Grant | None = None
+        # The child's own agent (its credential; never started: its calls
+        # are made here), which spawns and delegates to its sub-agents.
+        self.agent: Agent | None = None
 
     def ensure(self) -> None:
         with self._lock:
@@ -73,18 +77,32 @@ class Subtree:
         self.children: list[tuple[Child, Grant]] = []
         self._lock = threading.Lock()
 
-    def child_node(self, name: str, scopes: list[str], ttl: float | timedelta = 600) -> Node:
-        """A child of this run's agent, spawned when first used, holding a
-        grant delegated from the run's with ``scopes`` (which the control
-        plane refuses to widen)."""
+    def child_node(self, name: str, scopes: list[str], ttl: float | timedelta = 600, *, parent: Node | None = None) -> Node:
+        """A child of ``parent`` (a node of this run: by default the run's
+        agent), spawned when first used (after its parent), holding a grant
+        delegated from the parent's with ``scopes`` (which the control
+        plane refuses to widen) and ``ttl``, never past the parent grant's
+        expiry. Until the forty-sixth pass every child was the run's
+        agent's, its grant delegated from the run's: the agent a sub-agent
+        handed off to ran beside it, not under it, and an operator's stop
+        of the sub-agent (its drain, its abort, its grant's revocation) did
+        not reach it (rogue46b tests), where the TypeScript adapter spawns
+        it under the node that took the handoff (``TetherScope.child``)."""
+        parent = self.root if parent is None else parent
 
         def spawn() -> tuple[Child, Grant]:
+            if parent is self.root:
+                me, grant_id, left = self.agent, self.grant_id, ttl
+            else:
+                parent.ensure()
+                assert parent.agent is not None and parent.grant is not None
+                me, grant_id, left = parent.agent, parent.grant.grant_id, _child_ttl(parent.grant, ttl)
             try:
-                child = self.agent.spawn(name, {"tether.dev/sub-agent": name})
+                child = me.spawn(name, {"tether.dev/sub-agent": name})
                 try:
-                    grant = self.agent.delegate(self.grant_id, child.node_id, scopes, ttl=ttl)
+                    grant = me.delegate(grant_id, child.node_id, scopes, ttl=left)
                 except BaseException:
-                    _end_unused(child, self.agent.conn)
+                    _end_unused(child, me.conn)
                     raise
             except ConnectError as e:
                 # A sub-agent refused (its parent draining or aborting, a
@@ -94,11 +112,13 @@ class Subtree:
                 if e.code in (PERMISSION_DENIED, FAILED_PRECONDITION, UNAUTHENTICATED):
                     raise ToolRefused(e.code, e.message, details=e.details) from None
                 raise
+            node.agent = Agent(self.agent.conn.with_token(child.credential), child.node)
             with self._lock:
                 self.children.append((child, grant))
             return child, grant
 
-        return Node(spawn=spawn)
+        node = Node(spawn=spawn)
+        return node
 
     async def spawned(self, node: Node) -> None:
         """Awaits ``node.ensure()`` (a child node's lazy spawn: a subgraph
@@ -121,6 +141,19 @@ class Subtree:
             if self.agent.aborted.is_set() and task.cancelled():
                 raise Aborted(self.agent.signal or Signal(abort=True)) from None
             raise
+
+
+def _child_ttl(parent: Grant, ttl: float | timedelta) -> float | timedelta | None:
+    """A child grant's lifetime, never past its parent grant's: the control
+    plane refuses a delegation that outlives its parent, and none asks for
+    the parent's own expiry. Without it every child of a child asked the
+    ten minutes its parent's grant, delegated a moment before, did not have
+    left, and was refused (the TypeScript ``TetherScope``'s childTtl)."""
+    expires = _wire.parse_timestamp(parent.grant.get("expiresAt"))
+    if expires is None:
+        return ttl
+    seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else float(ttl)
+    return None if seconds >= (expires - datetime.now(timezone.utc)).total_seconds() else ttl
 
 
 def name_of(obj: Any) -> str:

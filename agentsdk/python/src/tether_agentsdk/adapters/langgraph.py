@@ -16,7 +16,8 @@
   re-raises ToolRefused and ToolCallCancelled, so they end the run.
 - Sub-agents: ``sub_agent()`` is a child node, spawned when its subgraph is
   entered (or its first tool called), holding a grant delegated from the
-  run's with the given scopes; its tools present that grant.
+  run's with the given scopes; its tools present that grant. A sub-agent's
+  own ``sub_agent()`` is its child, its grant delegated from its own.
 - The run: ``ainvoke()``/``invoke()`` are cancelled when the Tether agent is
   aborted (the subtree's termination), raising Aborted.
 """
@@ -85,6 +86,16 @@ class SubAgent:
         """The tools as this sub-agent calls them: through the gate, with
         its grant."""
         return [_gated(t, self._subtree.gate, self._node) for t in tools]
+
+    def sub_agent(self, name: str, *, scopes: list[str], ttl: float | timedelta = 600) -> "SubAgent":
+        """A sub-agent of this one (a subgraph its graph enters): a child
+        of its node, spawned after it, holding a grant delegated from its
+        grant (never outliving it), so that a stop of this sub-agent
+        covers it. Until the forty-sixth pass every sub-agent was the
+        run's agent's child, beside the one whose graph entered it (rogue46b
+        test), where the TypeScript ``tetherSubgraph`` spawns under the
+        scope it is given."""
+        return SubAgent(self._subtree, self._subtree.child_node(name, scopes, ttl, parent=self._node))
 
     def node(self, subgraph: Any) -> Callable[..., Any]:
         """A graph node running ``subgraph`` (compiled) as this sub-agent:

@@ -15,14 +15,18 @@
   acknowledged if it stopped on ``current_call().check()``, otherwise
   completed, never acknowledged while it still runs. A refusal or cancellation fails the run with ToolRefused or
   ToolCallCancelled.
-- Sub-agents: ``handoff()`` and ``subagent()`` make the target agent a
-  spawned child node (spawned when the handoff is taken) whose tools present
-  a grant delegated from the run's with the given scopes. Every other
-  handoff an agent passed through ``agent()`` carries (an agent, an SDK
+- Sub-agents: ``handoff()`` makes the target agent a child node, spawned
+  when the handoff is taken under the node of the agent that took it,
+  whose tools present a grant delegated from that node's with the given
+  scopes (its lifetime never past that grant's). Every other handoff an
+  agent passed through ``agent()`` carries (an agent, an SDK
   ``handoff(...)``), and those of its targets in turn, is taken the same
-  way, with ``tool:<name>`` for each of the target's function tools (a
-  target with none runs as the run's node); a handoff back to an agent
-  already wrapped runs that agent as itself.
+  way, with ``tool:<name>`` for each function tool of the target and of
+  the agents it can hand off to (a target with none runs as the node that
+  took the handoff); a handoff back to the run's agent runs it as a child
+  of the agent that handed back. ``subagent()`` is a clone running as a
+  child of the run's agent wherever it is reached (a handoff to it runs it
+  as itself).
 - The run: ``run()`` is cancelled when the Tether agent is aborted (the
   subtree's termination), raising Aborted.
 """
@@ -85,6 +89,43 @@ def _gated(tool: FunctionTool, gate: ToolGate, node: Node) -> FunctionTool:
     return dataclasses.replace(tool, on_invoke_tool=on_invoke_sync_tool if _synchronous(tool) else on_invoke_tool)
 
 
+def _reach(sdk_agent: SDKAgent) -> list[str]:
+    """``tool:<name>`` for each function tool of ``sdk_agent`` and of every
+    agent it can hand off to, and they in turn (a ``handoff()``'s scopes
+    for its target; a clone Tether bound to a node runs as that node and
+    needs none): what its child node delegates on to the children it
+    spawns, which the control plane refuses to widen. With its own tools'
+    alone, a handoff its target took was refused (scope escalation)."""
+    scopes: list[str] = []
+    seen: set[int] = set()
+    todo = [sdk_agent]
+    while todo:
+        a = todo.pop(0)
+        if id(a) in seen:
+            continue
+        seen.add(id(a))
+        for t in a.tools:
+            if isinstance(t, FunctionTool) and f"tool:{t.name}" not in scopes:
+                scopes.append(f"tool:{t.name}")
+        for t in a.tools:
+            spec = getattr(t, "_tether_agent_tool", None)
+            if spec is not None and spec[2] is not None:
+                scopes += [s for s in spec[2] if s not in scopes]
+            elif spec is not None:
+                todo.append(spec[0])
+        for h in a.handoffs:
+            spec = getattr(h, "_tether_spec", None)
+            if spec is not None:
+                scopes += [s for s in spec[1] if s not in scopes]
+                continue
+            if isinstance(h, Handoff):
+                ref = getattr(getattr(h, "_tether_plain", h), "_agent_ref", None)
+                h = ref() if ref is not None else None
+            if isinstance(h, SDKAgent) and getattr(h, "_tether_node", None) is None:
+                todo.append(h)
+    return scopes
+
+
 class TetherAgents:
     """One run of OpenAI agents under a Tether agent (started, so that its
     signals are followed) holding ``grant_id`` with ``token`` (a string or
@@ -99,68 +140,106 @@ class TetherAgents:
         """(Child, Grant) of every sub-agent spawned so far."""
         return list(self.subtree.children)
 
-    def _wrap(self, sdk_agent: SDKAgent, node: Node, seen: dict | None = None, **overrides: Any) -> SDKAgent:
+    def _wrap(self, sdk_agent: SDKAgent, node: Node, **overrides: Any) -> SDKAgent:
         """A clone of ``sdk_agent`` running as ``node``: its function tools
-        gated, and every handoff it carries that Tether did not make (an
-        agent, an SDK ``handoff(...)``) taken as a child node, its target
-        wrapped in turn (``seen``: the targets wrapped so far in this tree
-        of agents, a cycle of handoffs included). Until the forty-fifth
-        pass such a handoff was kept as it was: its target's tools ran with
+        gated, and every handoff it carries taken as a child of ``node``
+        (``_tethered_handoff``). Until the forty-fifth pass a handoff
+        Tether did not make was kept as it was: its target's tools ran with
         no gate, as no node of the tree, recorded nowhere and not refused
         while the run drained (rogue45j tests), where the TypeScript
         adapter wraps every handoff it reaches."""
-        seen = {} if seen is None else seen
-        tools = [(_gated(t, self.subtree.gate, node) if isinstance(t, FunctionTool) else t) for t in sdk_agent.tools]
+        tools = [self._tool(t, node) for t in sdk_agent.tools]
         handoffs = overrides.pop("handoffs", sdk_agent.handoffs)
         copy = sdk_agent.clone(tools=tools, handoffs=[], **overrides)
         copy._tether_node = node  # type: ignore[attr-defined]
-        seen[id(sdk_agent)] = (sdk_agent, copy, node)
-        copy.handoffs = [self._tethered_handoff(h, seen) for h in handoffs]
+        copy.handoffs = [self._tethered_handoff(h, node) for h in handoffs]
         return copy
 
-    def _target(self, sdk_agent: SDKAgent, seen: dict) -> tuple[SDKAgent, Node]:
-        """A handoff target Tether did not wrap, as a child node of the run
-        with the scopes of its function tools (spawned when the handoff is
-        taken); one the run already wraps (a cycle back, the run's own
-        agent) is itself. A target with no function tools calls nothing
-        the gate records and needs no grant: it runs as the node that took
-        the handoff would have, the run's."""
-        if getattr(sdk_agent, "_tether_node", None) is not None:
-            return sdk_agent, sdk_agent._tether_node  # type: ignore[attr-defined]
-        done = seen.get(id(sdk_agent))
-        if done is not None:
-            return done[1], done[2]
-        scopes = [f"tool:{t.name}" for t in sdk_agent.tools if isinstance(t, FunctionTool)]
-        node = self.subtree.child_node(sdk_agent.name, scopes) if scopes else self.subtree.root
-        copy = self._wrap(sdk_agent, node, seen)
-        return copy, node
+    def _tool(self, t: Any, node: Node) -> Any:
+        """``t`` as ``node`` calls it: a function tool gated; an agent tool
+        ``agent_tool()`` made running its agent as a child of ``node``.
+        An agent tool the SDK made (``as_tool``) of an agent Tether did not
+        bind to a node is refused: it would run that agent's tools inside
+        its one gated call, ungated (no node, nothing in the ledger, no
+        scope, not refused while the run drains: rogue46b tests)."""
+        if not isinstance(t, FunctionTool):
+            return t
+        spec = getattr(t, "_tether_agent_tool", None)
+        if spec is not None:
+            made = _gated(self._agent_tool_as(t, spec, node), self.subtree.gate, node)
+            made._tether_agent_tool = spec  # type: ignore[attr-defined]  # wrapped again: bound again
+            return made
+        if getattr(t, "_is_agent_tool", False) and getattr(getattr(t, "_agent_instance", None), "_tether_node", None) is None:
+            inner = getattr(getattr(t, "_agent_instance", None), "name", "?")
+            raise ValueError(
+                f"tether: tool {t.name!r} runs agent {inner!r} (as_tool), whose tools would run ungated inside "
+                f"it; make it with TetherAgents.agent_tool({inner}, ...) (a child of the agent calling it) or "
+                f"subagent({inner}, ...).as_tool(...)")
+        return _gated(t, self.subtree.gate, node)
 
-    def _tethered_handoff(self, h: Any, seen: dict) -> Any:
-        if getattr(h, "_tether", False):
-            return h  # made by handoff(): its target is a child already
+    def _agent_tool_as(self, t: FunctionTool, spec: tuple, node: Node) -> FunctionTool:
+        """The agent tool ``agent_tool()`` made, called by ``node``: each
+        call spawns its agent as a child of ``node`` (``_taken``'s scopes)
+        and runs the SDK's own agent tool (``as_tool``, with the arguments
+        given) of the agent wrapped for that child."""
+        sdk_agent, name, scopes, ttl, as_tool_kwargs = spec
         subtree = self.subtree
+
+        async def on_invoke_tool(ctx: Any, arguments: str) -> Any:
+            inner, child = self._taken(sdk_agent, node, None if scopes is None else (name, scopes, ttl))
+            await subtree.spawned(child)
+            return await inner.as_tool(**as_tool_kwargs).on_invoke_tool(ctx, arguments)
+
+        return dataclasses.replace(t, on_invoke_tool=on_invoke_tool)
+
+    def _taken(self, chosen: SDKAgent, taker: Node, spec: tuple | None) -> tuple[SDKAgent, Node]:
+        """The agent a handoff taken by ``taker`` runs: one Tether already
+        bound to a node (a clone ``agent()`` or ``subagent()`` made) as
+        itself; any other as a child of ``taker``, with ``spec``'s name,
+        scopes and ttl (``handoff()``'s) or ``tool:<name>`` for each
+        function tool of it and of the agents it can hand off to in turn
+        (``_reach``), wrapped afresh for that child, its own handoffs taken
+        under it. A target with none calls nothing the gate records and
+        needs no grant: it runs as ``taker``. Until the forty-sixth pass
+        every such child was the run's agent's, whoever took the handoff,
+        and a handoff back to the run's agent ran it as the run's node
+        (rogue46b tests): the TypeScript adapter's ``tetherAgent``
+        spawns it under the node that took the handoff."""
+        if getattr(chosen, "_tether_node", None) is not None:
+            return chosen, chosen._tether_node  # type: ignore[attr-defined]
+        if spec is not None:
+            name, scopes, ttl = spec
+            node = self.subtree.child_node(name or chosen.name, scopes, ttl, parent=taker)
+        else:
+            scopes = _reach(chosen)
+            node = self.subtree.child_node(chosen.name, scopes, parent=taker) if scopes else taker
+        return self._wrap(chosen, node), node
+
+    def _tethered_handoff(self, h: Any, taker: Node) -> Any:
+        """``h`` as a handoff ``taker`` takes: when taken, its target runs
+        as ``_taken`` says (spawned first). An agent is made an SDK
+        ``handoff(...)`` first; one ``handoff()`` made keeps its scopes."""
         if isinstance(h, SDKAgent):
             if getattr(h, "_tether_node", None) is not None:
                 return h  # a clone agent() or subagent() made: its tools gated as its node
-            target, node = self._target(h, seen)
-
-            async def on_handoff(ctx: Any) -> None:
-                await subtree.spawned(node)
-
-            made = sdk_handoff(target, on_handoff=on_handoff)
-        elif isinstance(h, Handoff):
-            invoke = h.on_invoke_handoff
-
-            async def on_invoke_handoff(ctx: Any, input_json: str) -> Any:
-                chosen = await invoke(ctx, input_json)
-                target, node = self._target(chosen, seen)
-                await subtree.spawned(node)
-                return target
-
-            made = dataclasses.replace(h, on_invoke_handoff=on_invoke_handoff)
-        else:
+            h = sdk_handoff(h)
+        if not isinstance(h, Handoff):
             return h
+        spec = getattr(h, "_tether_spec", None)
+        plain = getattr(h, "_tether_plain", h)
+        invoke = plain.on_invoke_handoff
+        subtree = self.subtree
+
+        async def on_invoke_handoff(ctx: Any, input_json: str) -> Any:
+            chosen = await invoke(ctx, input_json)
+            target, node = self._taken(chosen, taker, spec)
+            await subtree.spawned(node)
+            return target
+
+        made = dataclasses.replace(plain, on_invoke_handoff=on_invoke_handoff)
         made._tether = True  # type: ignore[attr-defined]
+        made._tether_plain = plain  # type: ignore[attr-defined]
+        made._tether_spec = spec  # type: ignore[attr-defined]
         return made
 
     def agent(self, sdk_agent: SDKAgent, **overrides: Any) -> SDKAgent:
@@ -171,25 +250,35 @@ class TetherAgents:
 
     def subagent(self, sdk_agent: SDKAgent, *, scopes: list[str], name: str | None = None,
                  ttl: float | timedelta = 600, **overrides: Any) -> SDKAgent:
-        """A clone of ``sdk_agent`` that runs as a child node (spawned on its
-        first tool call) with a grant narrowed to ``scopes``. Use it as a
-        handoff target or with ``as_tool``."""
+        """A clone of ``sdk_agent`` that runs as a child node of the run's
+        agent (spawned on its first tool call) with a grant narrowed to
+        ``scopes``. Use it as a handoff target or with ``as_tool``."""
         node = self.subtree.child_node(name or sdk_agent.name, scopes, ttl)
         return self._wrap(sdk_agent, node, **overrides)
 
     def handoff(self, sdk_agent: SDKAgent, *, scopes: list[str], name: str | None = None,
                 ttl: float | timedelta = 600, **handoff_kwargs: Any) -> Handoff:
         """A handoff to ``sdk_agent`` as a child node: spawned, with its
-        narrowed grant, when the model takes the handoff."""
-        node = self.subtree.child_node(name or sdk_agent.name, scopes, ttl)
-        target = self._wrap(sdk_agent, node)
-        subtree = self.subtree
+        narrowed grant, when the model takes the handoff, under the node of
+        the agent that took it (one passed through ``agent()``, or reached
+        from it; on its own, under the run's agent)."""
+        plain = sdk_handoff(sdk_agent, **handoff_kwargs)
+        plain._tether_spec = (name, scopes, ttl)  # type: ignore[attr-defined]
+        return self._tethered_handoff(plain, self.subtree.root)
 
-        async def on_handoff(ctx: Any) -> None:
-            await subtree.spawned(node)
-
-        made = sdk_handoff(target, on_handoff=on_handoff, **handoff_kwargs)
-        made._tether = True  # type: ignore[attr-defined]
+    def agent_tool(self, sdk_agent: SDKAgent, *, scopes: list[str] | None = None, name: str | None = None,
+                   ttl: float | timedelta = 600, **as_tool_kwargs: Any) -> FunctionTool:
+        """``sdk_agent.as_tool(**as_tool_kwargs)`` for an agent passed
+        through ``agent()`` (or reached from one): each call runs
+        ``sdk_agent`` as a child of the node of the agent calling it,
+        spawned for the call, with ``scopes`` (default ``tool:<name>`` for
+        each function tool of it and of the agents it reaches), its tools
+        gated as that child, so that a drain or abort of the caller's
+        subtree stops them. An SDK ``as_tool`` of an agent Tether did not
+        wrap is refused by ``agent()``: it ran the agent's tools ungated
+        inside its one gated call (rogue46b tests)."""
+        made = sdk_agent.as_tool(**as_tool_kwargs)
+        made._tether_agent_tool = (sdk_agent, name, scopes, ttl, as_tool_kwargs)  # type: ignore[attr-defined]
         return made
 
     async def run(self, starting_agent: SDKAgent, input: Any, **runner_kwargs: Any) -> RunResult:
