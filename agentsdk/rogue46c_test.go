@@ -42,15 +42,16 @@ type rogue46CPath struct {
 	own    string
 	forged *durationpb.Duration
 
-	forgedOnce sync.Once
-	didForge   chan struct{}
-	cut        atomic.Bool
-	withheld   atomic.Int32
+	forgedOnce, withheldOnce sync.Once
+	didForge, didWithhold    chan struct{}
+	cut                      atomic.Bool
+	withheld                 atomic.Int32
 }
 
 func (p *rogue46CPath) RoundTrip(r *http.Request) (*http.Response, error) {
 	if p.cut.Load() {
 		p.withheld.Add(1)
+		p.withheldOnce.Do(func() { close(p.didWithhold) })
 		if r.Body != nil {
 			r.Body.Close()
 		}
@@ -102,7 +103,7 @@ func TestRogue46CAnOfferWithoutADurationDoesNotTakeAForgedWindow(t *testing.T) {
 	srv, _, root := embeddedRoot(t, "root")
 	child := spawnChild(t, root, "worker")
 	const jobID = "job-46c-own"
-	path := &rogue46CPath{next: agentsdk.HTTP2Client(srv.URL).Transport, own: jobID, forged: durationpb.New(24 * time.Hour), didForge: make(chan struct{})}
+	path := &rogue46CPath{next: agentsdk.HTTP2Client(srv.URL).Transport, own: jobID, forged: durationpb.New(24 * time.Hour), didForge: make(chan struct{}), didWithhold: make(chan struct{})}
 	conn := agentsdk.Dial(srv.URL, child.Credential, agentsdk.WithHTTPClient(&http.Client{Transport: path}))
 	o, err := root.Conn().Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{
 		JobId: jobID, HolderIdentity: child.Node.NodeId, LeaseDuration: durationpb.New(30 * time.Second),
@@ -114,7 +115,9 @@ func TestRogue46CAnOfferWithoutADurationDoesNotTakeAForgedWindow(t *testing.T) {
 	// offer it accepts, with no duration in it.
 	handBuilt := &tetherv1.Lease{JobId: o.Msg.Lease.JobId, LeaseId: o.Msg.Lease.LeaseId, LeaseGeneration: o.Msg.Lease.LeaseGeneration}
 	clk := clock.NewManual(time.Now().UTC())
-	lw, err := agentsdk.NewLeaseWorker(agentsdk.LeaseWorkerConfig{Conn: conn, SpoolDir: t.TempDir(), Clock: clk, RenewEvery: 20 * time.Millisecond})
+	// Each renewal is given the interval to be answered: long enough for
+	// the forged answer to reach the job.
+	lw, err := agentsdk.NewLeaseWorker(agentsdk.LeaseWorkerConfig{Conn: conn, SpoolDir: t.TempDir(), Clock: clk, RenewEvery: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,20 +127,27 @@ func TestRogue46CAnOfferWithoutADurationDoesNotTakeAForgedWindow(t *testing.T) {
 		t.Fatalf("accept: %v %v", d, err)
 	}
 	// The renew loop's first renewal gets the forged answer (accepted, a
-	// day's duration); the worker's clock has not moved since the ACK.
-	select {
-	case <-path.didForge:
-	case <-job.Done():
-		t.Fatalf("the job ended before its first renewal: %v", context.Cause(job.Context()))
-	case <-time.After(20 * time.Second): // a guard, not a timing
-		t.Fatal("the job never renewed")
+	// day's duration), and its next request is withheld: the loop acted
+	// on the forged answer before it sent that one. The worker's clock has
+	// not moved since the ACK.
+	for _, c := range []chan struct{}{path.didForge, path.didWithhold} {
+		select {
+		case <-c:
+		case <-job.Done():
+			t.Fatalf("the job ended before the forged answer and the next renewal: %v", context.Cause(job.Context()))
+		case <-time.After(20 * time.Second): // a guard, not a timing
+			t.Fatal("the job never renewed")
+		}
+	}
+	if l := job.Lease(); l.GetRenewSequence() != 1 || l.GetLeaseDuration().AsDuration() != 24*time.Hour {
+		t.Fatalf("the forged answer never reached the job (its lease: renew seq %d, duration %s): the test proves nothing", l.GetRenewSequence(), l.GetLeaseDuration().AsDuration())
 	}
 	// Past the 30-second lease on the worker's clock, with no answer since
 	// the forged one: nothing the coordinator accepted covers the job now.
 	clk.Advance(31 * time.Second)
 	select {
 	case <-job.Done():
-	case <-time.After(10 * time.Second): // a guard (500 renew ticks), not a timing
+	case <-time.After(10 * time.Second): // a guard (ten renew ticks), not a timing
 		t.Fatalf("the job works on 31 s after its last accepted renewal of a 30 s lease (%d request(s) withheld): its bound is the forged day's", path.withheld.Load())
 	}
 	if cause := context.Cause(job.Context()); !errors.Is(cause, agentsdk.ErrLeaseUnconfirmed) {

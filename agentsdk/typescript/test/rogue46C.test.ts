@@ -40,9 +40,12 @@ describe("rogue46C: an offer without a duration does not take a forged window", 
     let withheld = 0;
     let forged!: () => void;
     const didForge = new Promise<void>((resolve) => (forged = resolve));
+    let withholding!: () => void;
+    const didWithhold = new Promise<void>((resolve) => (withholding = resolve));
     const path: Interceptor = (next) => async (req) => {
       if (cut) {
         withheld++;
+        withholding();
         throw new ConnectError("the path withholds the worker's lease traffic (rogue46C)", Code.Unavailable);
       }
       const res = await next(req);
@@ -58,7 +61,9 @@ describe("rogue46C: an offer without a duration does not take a forged window", 
     };
     const { conn, closeSessions } = dialThrough(server.baseUrl, spawned.credential, path);
     let now = Date.now();
-    const worker = new LeaseWorker({ conn, now: () => now, renewEveryMs: 20 });
+    // Each renewal is given the interval to be answered: long enough for
+    // the forged answer to reach the job.
+    const worker = new LeaseWorker({ conn, now: () => now, renewEveryMs: 1_000 });
     try {
       const offered = (await server.operator.lease.offer({ jobId, holderIdentity: spawned.node.nodeId, leaseDuration: { seconds: 30n } })).lease!;
       // The worker is handed the ids, not the lease: its caller builds the
@@ -66,12 +71,18 @@ describe("rogue46C: an offer without a duration does not take a forged window", 
       const handBuilt = create(LeaseSchema, { jobId: offered.jobId, leaseId: offered.leaseId, leaseGeneration: offered.leaseGeneration });
       const job = await worker.accept(handBuilt);
       // The renew loop's first renewal gets the forged answer (accepted, a
-      // day's duration); the worker's clock has not moved since the ACK.
-      await within(Promise.race([didForge, job.done.then(() => assert.fail(`the job ended before its first renewal: ${String(job.signal.reason)}`))]), 20_000, "the job's first renewal");
+      // day's duration), and its next request is withheld: the loop acted
+      // on the forged answer before it sent that one. The worker's clock
+      // has not moved since the ACK.
+      const ended = job.done.then(() => assert.fail(`the job ended before the forged answer and the next renewal: ${String(job.signal.reason)}`));
+      ended.catch(() => {}); // the job ends when the test does: only its end first fails it
+      await within(Promise.race([Promise.all([didForge, didWithhold]), ended]), 20_000, "the job's first two renewals");
+      assert.ok(job.lease.renewSequence === 1n && job.lease.leaseDuration?.seconds === 86_400n,
+        `the forged answer never reached the job (renew seq ${job.lease.renewSequence}): the test proves nothing`);
       // Past the 30-second lease on the worker's clock, with no answer
       // since the forged one: nothing the coordinator accepted covers it.
       now += 31_000;
-      // A guard (500 renew ticks), not a timing.
+      // A guard (ten renew ticks), not a timing.
       await within(job.done, 10_000, () => `the job works on 31 s after its last accepted renewal of a 30 s lease (${withheld} request(s) withheld): its bound is the forged day's`);
       const reason = job.signal.reason as JobEnded;
       assert.ok(reason instanceof JobEnded && reason.kind === "lost", String(reason));
