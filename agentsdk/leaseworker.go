@@ -427,10 +427,11 @@ type Job struct {
 	// shows: a Job that lost its lease must never pass for its successor.
 	jobID, leaseID string
 	generation     uint64
-	// duration is the generation's lease duration as offered (0: the
-	// offer named none): the coordinator fixes it for the generation (no
-	// renewal changes it), so an answer naming a longer one is not taken
-	// for the job's window nor its renew interval. Taken from the answers,
+	// duration is the generation's lease duration as offered, or, when
+	// the offer named none, as the ACK's answer named it (0: neither
+	// did): the coordinator fixes it for the generation (no renewal
+	// changes it), so an answer naming a longer one is not taken for the
+	// job's window nor its renew interval. Taken from the answers,
 	// a path's one forged ACK answer naming a day had the job renew every
 	// 8 hours, never again within its lease, deaf to its cancel request
 	// and working on past its lease's expiry at the coordinator (rogue44a
@@ -506,6 +507,15 @@ func (w *LeaseWorker) Accept(ctx context.Context, offered *tetherv1.Lease, opts 
 		// Not this job's answer (observe ends the job): its lease is the
 		// one offered, not the one the answer names.
 		j.lease = offered
+	} else if j.duration == 0 {
+		// An offer that names no duration (one its caller built from the
+		// ids it was handed): the ACK's answer fixes the generation's, as
+		// the offer's would, and no later answer lengthens it. Taken from
+		// each answer, one forged accepted renewal naming a day moved the
+		// job's bound a day on, and cut off from its coordinator after it
+		// the job worked on past its lease's expiry for the day (rogue46c
+		// test).
+		j.duration = max(l.GetLeaseDuration().AsDuration(), 0)
 	}
 	if !w.track(j) {
 		// Closed while the ACK was under way: the job ends before it
@@ -590,8 +600,9 @@ func (j *Job) held(sentAt time.Time, l *tetherv1.Lease, d *tetherv1.Decision) {
 	}
 }
 
-// leaseDuration is the lease duration l names, never longer than the one
-// offered (when the offer named one).
+// leaseDuration is the lease duration l names, never longer than the
+// generation's (the offer's, or the ACK answer's when the offer named
+// none).
 func (j *Job) leaseDuration(l *tetherv1.Lease) time.Duration {
 	d := l.GetLeaseDuration().AsDuration()
 	if j.duration > 0 && d > j.duration {

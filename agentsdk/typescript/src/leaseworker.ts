@@ -225,10 +225,12 @@ export class LeaseWorker {
     // Closed while the ACK was under way: the job never begins, and its
     // lease runs out on the coordinator's clock.
     if (this.#closed) throw new WorkerClosed();
-    // The generation's lease duration is the offer's (the coordinator fixes
-    // it; no renewal changes it): an answer naming a longer one sets
-    // neither the renew interval nor the job's window (leaseMs).
-    const every = this.#renewEvery ?? Math.max((leaseMs(resp.lease, offered) || msOf(offered.leaseDuration)) / 3, 10);
+    // The generation's lease duration is the offer's, or the ACK answer's
+    // when the offer names none (the coordinator fixes it; no renewal
+    // changes it): an answer naming a longer one sets neither the renew
+    // interval nor the job's window (leaseMs).
+    const fixed = generationMs(offered, resp.lease);
+    const every = this.#renewEvery ?? Math.max((leaseMs(resp.lease, fixed) || fixed) / 3, 10);
     return Job.accepted(this, offered, resp.lease, resp.decision, sent, options, every, this.#warn);
   }
 }
@@ -243,8 +245,9 @@ export class Job {
   readonly #jobId: string;
   readonly #leaseId: string;
   readonly #generation: bigint;
-  // The lease as offered: its duration bounds the one an answer names.
-  readonly #offered: Lease;
+  // The generation's lease duration in ms (generationMs; 0: unknown): it
+  // bounds the one an answer names.
+  readonly #durationMs: number;
   readonly #abort = new AbortController();
   readonly #warn: (message: string) => void;
   #lease: Lease;
@@ -278,7 +281,7 @@ export class Job {
     this.#jobId = offered.jobId;
     this.#leaseId = offered.leaseId;
     this.#generation = offered.leaseGeneration;
-    this.#offered = offered;
+    this.#durationMs = generationMs(offered, lease);
     if (lease.leaseGeneration === offered.leaseGeneration && !namesAnother(lease, offered.jobId, offered.leaseId)) {
       // A job this agent already held (its ACK a DUPLICATE: a process that
       // restarted after it renewed and reported progress) goes on from the
@@ -385,7 +388,7 @@ export class Job {
     if (!lease || decision?.outcome !== Outcome.ACCEPTED || lease.leaseGeneration !== this.#generation || lease.state !== LeaseState.ACTIVE) return;
     if (namesAnother(lease, this.#jobId, this.#leaseId)) return;
     if (decision.auditEvent !== AuditEvent.ACKED && decision.auditEvent !== AuditEvent.RENEWED) return;
-    const until = sent + leaseMs(lease, this.#offered);
+    const until = sent + leaseMs(lease, this.#durationMs);
     if (this.#heldUntil !== undefined && until <= this.#heldUntil) return;
     this.#heldUntil = until;
     if (this.#worker.heldTimers) this.#armHeld();
@@ -583,17 +586,31 @@ function clipped(s: string): string {
 
 /**
  * The lease duration an answer's lease names, in milliseconds, never longer
- * than the offered lease's (when the offer names one). Taken from the
+ * than the generation's, `fixed` (generationMs; 0: unknown). Taken from the
  * answers, a path's one forged ACK answer naming a day had the job renew
  * every 8 hours (the longest, every 24.8 days: a timer's longest wait),
  * deaf to its cancel request and working on past its lease's expiry at the
  * coordinator (rogue44A.test.ts).
  */
-function leaseMs(lease: Lease, offered: Lease): number {
+function leaseMs(lease: Lease, fixed: number): number {
   const answered = msOf(lease.leaseDuration);
-  const fixed = msOf(offered.leaseDuration);
   if (fixed > 0 && answered > fixed) return fixed;
   return answered;
+}
+
+/**
+ * The generation's lease duration in milliseconds, as the coordinator fixed
+ * it: the offer's, or, when the offer names none (one its caller built from
+ * the ids it was handed), the ACK's answer's (0 when neither names one, or
+ * the answer is not the job's own). Taken from each answer, one forged
+ * accepted renewal naming a day moved the job's bound a day on, and cut off
+ * from its coordinator after it the job worked on past its lease's expiry
+ * for the day (rogue46C.test.ts).
+ */
+function generationMs(offered: Lease, acked: Lease): number {
+  const offeredMs = msOf(offered.leaseDuration);
+  if (offeredMs > 0 || namesAnother(acked, offered.jobId, offered.leaseId)) return offeredMs;
+  return msOf(acked.leaseDuration);
 }
 
 /** Why a coordinator answer says this generation has no authority, or "" when it still has. */

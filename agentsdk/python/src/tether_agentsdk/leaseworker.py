@@ -401,9 +401,16 @@ class Job:
         # renew every third of it, never again within its lease (the
         # largest: its renew thread died, the wait too long for the
         # platform), deaf to its cancel and working on past its lease's
-        # expiry at the coordinator for as long (rogue44a test). None: the
-        # offer named none (the answers' is taken).
+        # expiry at the coordinator for as long (rogue44a test). When the
+        # offer names none (one its caller built from the ids it was
+        # handed), the ACK's answer fixes it, as the offer would: taken from
+        # each answer, one forged accepted renewal naming a day moved the
+        # job's bound a day on, and cut off from its coordinator after it
+        # the job worked on past its lease's expiry for the day (rogue46c
+        # test). None: neither named one (no window is proven).
         self._duration = _wire.parse_duration(acked.get("leaseDuration")) if offered is not None else None
+        if not self._duration and offered is not None and _names_another(lease, offered["jobId"], offered["leaseId"]) is None:
+            self._duration = _wire.parse_duration(lease.get("leaseDuration"))
         self.on_cancel = on_cancel
         #: Set when the job must stop; ``cause`` says why.
         self.stopped = threading.Event()
@@ -455,7 +462,8 @@ class Job:
 
     def _lease_duration(self, lease: dict) -> timedelta | None:
         """The lease duration an answer's lease names, never longer than
-        the one offered (when the offer named one); None when it names none."""
+        the generation's (the offer's, or the ACK answer's when the offer
+        named none); None when it names none."""
         dur = _wire.parse_duration(lease.get("leaseDuration"))
         if dur is not None and self._duration is not None and dur > self._duration:
             return self._duration
@@ -491,10 +499,13 @@ class Job:
                 _wire.uint64(lease.get("leaseGeneration")) != self._generation or lease.get("state") != "LEASE_STATE_ACTIVE" or \
                 _names_another(lease, self._job_id, self._lease_id) is not None:
             return
+        # An answer naming no duration proves no window past its send
+        # time: the bound is set there, as the Go and TypeScript workers
+        # set it, and the job stops at it. Skipped, an ACK's answer naming
+        # none (nor the offer) left the job with no bound at all: cut off
+        # from its coordinator it worked on for ever (rogue46c test).
         dur = self._lease_duration(lease)
-        if not dur:
-            return
-        until = sent + dur.total_seconds()
+        until = sent + (dur.total_seconds() if dur else 0.0)
         with self._lock:
             if self._held_until is not None and until <= self._held_until:
                 return
