@@ -60,3 +60,44 @@ func TestRogue46GAWaitingCommitThatCanOnlyFailIsNotSent(t *testing.T) {
 		t.Errorf("%d commits answered as doomed, want 3", got)
 	}
 }
+
+// TestRogue46GACommitThatStillHoldsIsSentAndLands: a waiting commit is
+// answered as doomed only when its comparisons cannot hold. One that read
+// a key absent, behind one that deleted it (still absent), and one that
+// read a key the landed one did not write, are sent and land in one
+// attempt each.
+func TestRogue46GACommitThatStillHoldsIsSentAndLands(t *testing.T) {
+	cluster := etcdtest.Start(t)
+	s := replicas(t, cluster, 1)[0]
+	mustPut(t, s, "kept", "0")
+	before := s.Stats()
+	attempts := heldUpdates(t, s,
+		func(tx store.Txn) error {
+			if err := tx.Delete([]byte("gone")); err != nil {
+				return err
+			}
+			return storetest.Increment("kept")(tx)
+		},
+		// Reads "gone" absent (the first deletes it: they are not
+		// merged), writes beside it.
+		func(tx store.Txn) error {
+			if _, err := tx.Get([]byte("gone")); err == nil {
+				t.Error("gone is present")
+			}
+			return tx.Put([]byte("beside"), []byte("x"))
+		},
+	)
+	after := s.Stats()
+	if attempts[0] != 1 || attempts[1] != 1 {
+		t.Errorf("attempts %v, want [1 1]: a commit whose comparisons still hold was answered as doomed", attempts)
+	}
+	if got := after.Doomed - before.Doomed; got != 0 {
+		t.Errorf("%d doomed, want 0", got)
+	}
+	if got := after.CommitRequests - before.CommitRequests; got != 2 {
+		t.Errorf("%d commit requests, want 2: the second waited for the first", got)
+	}
+	if got := getInt(t, s, "kept"); got != 1 {
+		t.Fatalf("kept = %d", got)
+	}
+}
