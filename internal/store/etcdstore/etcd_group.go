@@ -121,7 +121,7 @@ func (q *mergeQueue[T]) hold() {
 	q.busy = true
 }
 
-// waiting is how many items wait (tests).
+// waiting is how many items wait.
 func (q *mergeQueue[T]) waiting() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -365,7 +365,7 @@ func (s *Etcd) commitMerged(batch []*groupMember) landed {
 	case 1:
 		conflict, rev, err := s.commitAloneAt(batch[0].t, batch[0].req)
 		var l landed
-		if !conflict && err == nil {
+		if !conflict && err == nil && s.group.waiting() > 0 {
 			// Taken before the member's Update goes on.
 			l = landedOf(batch, []bool{true}, rev)
 		}
@@ -412,8 +412,12 @@ func (s *Etcd) commitMerged(batch []*groupMember) landed {
 			ok[i] = true
 		}
 	}
-	// Taken before the members' Updates go on.
-	l := landedOf(batch, ok, resp.Header.Revision)
+	// Taken before the members' Updates go on, when commits wait (one
+	// that joins the queue later is sent as before).
+	var l landed
+	if s.group.waiting() > 0 {
+		l = landedOf(batch, ok, resp.Header.Revision)
+	}
 	for i, m := range batch {
 		m.done <- outcomes[i]
 	}
