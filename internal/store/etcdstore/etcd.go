@@ -413,8 +413,6 @@ func (s *Etcd) commit(t *etcdTxn) (conflict bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	s.stats.compares.Add(uint64(len(req.compares)))
-	s.stats.writes.Add(uint64(len(req.ops)))
 	if !groupable(req) {
 		return s.commitAlone(t, req)
 	}
@@ -423,17 +421,25 @@ func (s *Etcd) commit(t *etcdTxn) (conflict bool, err error) {
 
 // commitAlone sends req as a transaction of its own.
 func (s *Etcd) commitAlone(t *etcdTxn, req commitRequest) (conflict bool, err error) {
+	conflict, _, err = s.commitAloneAt(t, req)
+	return conflict, err
+}
+
+// commitAloneAt is commitAlone that also returns the revision the commit
+// was applied at (when it succeeded).
+func (s *Etcd) commitAloneAt(t *etcdTxn, req commitRequest) (conflict bool, rev int64, err error) {
 	ctx, cancel := s.commitContext()
 	defer cancel()
 	s.stats.commits.Add(1)
+	s.stats.carried(req)
 	resp, err := s.client.Txn(ctx).If(req.compares...).Then(req.ops...).Commit()
 	if err != nil {
-		return false, s.commitError(err, req)
+		return false, 0, s.commitError(err, req)
 	}
 	if !resp.Succeeded {
-		return true, conflictError(t)
+		return true, 0, conflictError(t)
 	}
-	return false, nil
+	return false, resp.Header.Revision, nil
 }
 
 // commitContext bounds one commit request: by CommitTimeout, and by Close
@@ -514,13 +520,18 @@ type EtcdStats struct {
 	// Merged is the number of Update attempts whose commit went merged
 	// with others' (counted in CommitRequests once per merged request).
 	Merged uint64
+	// Doomed is the number of Update attempts whose commit was not sent:
+	// it waited for a merged commit of this process that wrote what it
+	// had read, and could only fail (answered a conflict at once; counted
+	// in Conflicts too).
+	Doomed uint64
 	// Ranges is the number of ranges (point reads and scans' pages) the
 	// read requests asked for, and KeysRead the keys they returned: the
 	// volume of reading, where ReadRequests counts round trips.
 	Ranges, KeysRead uint64
 	// Compares and Writes are the comparisons and the writes (puts and
-	// deletes) the commit requests carried, retried attempts included:
-	// the volume of committing.
+	// deletes) the commit requests carried, retried attempts included
+	// (a doomed one carried none): the volume of committing.
 	Compares, Writes uint64
 	// WatchEvents is the number of events the store's etcd watches
 	// received (a key written is received once per prefix watched that
@@ -541,6 +552,7 @@ func (s *Etcd) Stats() EtcdStats {
 		ReadRequests:   s.stats.reads.Load(),
 		CommitRequests: s.stats.commits.Load(),
 		Merged:         s.stats.merged.Load(),
+		Doomed:         s.stats.doomed.Load(),
 		Ranges:         s.stats.ranges.Load(),
 		KeysRead:       s.stats.keysRead.Load(),
 		Compares:       s.stats.compares.Load(),
@@ -552,8 +564,16 @@ func (s *Etcd) Stats() EtcdStats {
 
 type etcdCounters struct {
 	updates, attempts, conflicts, exclusive, reads, commits, merged atomic.Uint64
+	doomed                                                          atomic.Uint64
 	ranges, keysRead, compares, writes, watchEvents                 atomic.Uint64
 	waiting                                                         atomic.Int64
+}
+
+// carried counts the comparisons and writes of req, sent in a commit
+// request.
+func (c *etcdCounters) carried(req commitRequest) {
+	c.compares.Add(uint64(len(req.compares)))
+	c.writes.Add(uint64(len(req.ops)))
 }
 
 // countRead counts the ranges of one read request and the keys it

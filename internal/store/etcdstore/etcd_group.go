@@ -95,6 +95,25 @@ func (q *mergeQueue[T]) sent() (more bool) {
 	return q.busy
 }
 
+// drop takes out of the queue, in order, the items doomed reports, and
+// returns them.
+func (q *mergeQueue[T]) drop(doomed func(T) bool) []T {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var out []T
+	kept := q.queue[:0]
+	for _, it := range q.queue {
+		if doomed(it) {
+			out = append(out, it)
+			continue
+		}
+		kept = append(kept, it)
+	}
+	clear(q.queue[len(kept):])
+	q.queue = kept
+	return out
+}
+
 // hold makes items queue as if a request were in flight (tests).
 func (q *mergeQueue[T]) hold() {
 	q.mu.Lock()
@@ -102,7 +121,7 @@ func (q *mergeQueue[T]) hold() {
 	q.busy = true
 }
 
-// waiting is how many items wait (tests).
+// waiting is how many items wait.
 func (q *mergeQueue[T]) waiting() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -120,6 +139,14 @@ type groupMember struct {
 	reads  []string
 	spans  []etcdSpan
 	done   chan groupOutcome
+}
+
+// landed is what the members of a commit that succeeded wrote, at the
+// revision the commit was applied at: by etcd key, whether the key was
+// put (false: deleted).
+type landed struct {
+	rev  int64
+	puts map[string]bool
 }
 
 type groupOutcome struct {
@@ -166,7 +193,9 @@ func (s *Etcd) commitInGroup(m *groupMember) (conflict bool, err error) {
 // if more wait, another goroutine sends the next (so that this one can
 // return to its Update).
 func (s *Etcd) flushGroup() {
-	s.commitMerged(s.group.next(takeCommits))
+	if l := s.commitMerged(s.group.next(takeCommits)); l.rev != 0 {
+		s.answerDoomed(l)
+	}
 	if s.group.sent() {
 		go s.flushGroup()
 	}
@@ -255,16 +284,93 @@ func inSpans(spans []etcdSpan, key string) bool {
 	return false
 }
 
-// commitMerged sends batch as one commit (a member alone as its own Txn)
-// and answers every member.
-func (s *Etcd) commitMerged(batch []*groupMember) {
+// answerDoomed answers, at once, the commits waiting in the queue that
+// can only fail now that l landed: each read, at a revision before l's, a
+// key l wrote (a comparison of its mod revision, which l changed: a key
+// read present, then put or deleted, or read absent, then put) or scanned
+// a range l put a key in (the range's comparison that no key in it is
+// newer than the read). Sent, each would go to etcd as a commit of its
+// own that etcd refuses for that comparison (takeCommits sends a
+// member that overlaps one taken in a later commit than that one); they
+// are answered the conflict etcd would answer, and retried as any
+// conflict is, without the round trip and the consensus a refused commit
+// costs the member. Nothing of theirs was applied, so no Update returns
+// before its writes are durable. Comparisons of values (Expect) and of
+// revisions taken from a watch (ExpectRevision) are not judged here: a
+// member with those, and no such read, is sent as before.
+func (s *Etcd) answerDoomed(l landed) {
+	doomed := s.group.drop(func(m *groupMember) bool { return m.doomedBy(l) })
+	for _, m := range doomed {
+		s.stats.doomed.Add(1)
+		m.done <- groupOutcome{true, conflictError(m.t)}
+	}
+}
+
+// doomedBy reports whether m's commit must fail after l (answerDoomed).
+func (m *groupMember) doomedBy(l landed) bool {
+	t := m.t
+	if t.snap.rev == 0 || t.snap.rev >= l.rev {
+		// It read nothing, or read what l wrote.
+		return false
+	}
+	if len(t.reads) < len(l.puts) {
+		for k, r := range t.reads {
+			if put, ok := l.puts[k]; ok && (put || r.modRevision != 0) {
+				return true
+			}
+		}
+	} else {
+		for k, put := range l.puts {
+			if r, ok := t.reads[k]; ok && (put || r.modRevision != 0) {
+				return true
+			}
+		}
+	}
+	if len(m.spans) == 0 {
+		return false
+	}
+	for k, put := range l.puts {
+		if put && inSpans(m.spans, k) {
+			return true
+		}
+	}
+	return false
+}
+
+// landedOf is what the members of batch that succeeded (ok[i]) wrote, at
+// revision rev.
+func landedOf(batch []*groupMember, ok []bool, rev int64) landed {
+	l := landed{rev: rev, puts: map[string]bool{}}
+	for i, m := range batch {
+		if !ok[i] {
+			continue
+		}
+		for _, mu := range m.t.writes {
+			l.puts[m.t.snap.store.keys.key(mu.key)] = !mu.deleted
+		}
+	}
+	if len(l.puts) == 0 {
+		return landed{}
+	}
+	return l
+}
+
+// commitMerged sends batch as one commit (a member alone as its own Txn),
+// answers every member, and returns what the members that succeeded wrote
+// (landed{} when none did, or the outcome is not known).
+func (s *Etcd) commitMerged(batch []*groupMember) landed {
 	switch len(batch) {
 	case 0:
-		return
+		return landed{}
 	case 1:
-		conflict, err := s.commitAlone(batch[0].t, batch[0].req)
+		conflict, rev, err := s.commitAloneAt(batch[0].t, batch[0].req)
+		var l landed
+		if !conflict && err == nil && s.group.waiting() > 0 {
+			// Taken before the member's Update goes on.
+			l = landedOf(batch, []bool{true}, rev)
+		}
 		batch[0].done <- groupOutcome{conflict, err}
-		return
+		return l
 	}
 	ops := make([]clientv3.Op, len(batch))
 	for i, m := range batch {
@@ -274,6 +380,9 @@ func (s *Etcd) commitMerged(batch []*groupMember) {
 	defer cancel()
 	s.stats.commits.Add(1)
 	s.stats.merged.Add(uint64(len(batch)))
+	for _, m := range batch {
+		s.stats.carried(m.req)
+	}
 	resp, err := s.client.Txn(ctx).Then(ops...).Commit()
 	if err == nil && len(resp.Responses) != len(batch) {
 		err = fmt.Errorf("store: etcd answered %d of %d merged transactions", len(resp.Responses), len(batch))
@@ -283,24 +392,36 @@ func (s *Etcd) commitMerged(batch []*groupMember) {
 			// A member refused for the others' size: each goes alone,
 			// as it would have unmerged (nothing was applied).
 			s.commitEachAlone(batch)
-			return
+			return landed{}
 		}
 		for _, m := range batch {
 			m.done <- groupOutcome{false, s.commitError(err, m.req)}
 		}
-		return
+		return landed{}
 	}
+	outcomes := make([]groupOutcome, len(batch))
+	ok := make([]bool, len(batch))
 	for i, m := range batch {
 		nested := resp.Responses[i].GetResponseTxn()
 		switch {
 		case nested == nil:
-			m.done <- groupOutcome{false, fmt.Errorf("store: etcd answered a merged transaction with %T; %s", resp.Responses[i].Response, etcdOutcomeUnknown)}
+			outcomes[i] = groupOutcome{false, fmt.Errorf("store: etcd answered a merged transaction with %T; %s", resp.Responses[i].Response, etcdOutcomeUnknown)}
 		case !nested.Succeeded:
-			m.done <- groupOutcome{true, conflictError(m.t)}
+			outcomes[i] = groupOutcome{true, conflictError(m.t)}
 		default:
-			m.done <- groupOutcome{}
+			ok[i] = true
 		}
 	}
+	// Taken before the members' Updates go on, when commits wait (one
+	// that joins the queue later is sent as before).
+	var l landed
+	if s.group.waiting() > 0 {
+		l = landedOf(batch, ok, resp.Header.Revision)
+	}
+	for i, m := range batch {
+		m.done <- outcomes[i]
+	}
+	return l
 }
 
 func (s *Etcd) commitEachAlone(batch []*groupMember) {

@@ -25,7 +25,7 @@ type terminationPhases struct {
 	chunks []phaseChunk
 	// requests, when set, reads the store's read and commit requests so
 	// far (etcd's counters).
-	requests func() (reads, commits uint64)
+	requests func() phaseCounts
 	// acked, when set, reads how many cancel acknowledgements the gate
 	// has had answered so far.
 	acked func() uint64
@@ -33,8 +33,16 @@ type terminationPhases struct {
 
 // phasePoint is when something happened, and the requests made by then.
 type phasePoint struct {
-	at                   time.Time
-	reads, commits, acks uint64
+	at time.Time
+	phaseCounts
+	acks uint64
+}
+
+// phaseCounts are etcd's counters a phase reads: its round trips (read
+// and commit requests) and their volume (ranges read, comparisons and
+// writes committed).
+type phaseCounts struct {
+	reads, commits, ranges, compares, writes uint64
 }
 
 type phaseChunk struct {
@@ -44,15 +52,16 @@ type phaseChunk struct {
 
 // phaseCost is what one phase took: its time, and its requests on etcd.
 type phaseCost struct {
-	d                    time.Duration
-	reads, commits, acks uint64
+	d time.Duration
+	phaseCounts
+	acks uint64
 }
 
 // now is a point at the present (p.mu held).
 func (p *terminationPhases) now() phasePoint {
 	pt := phasePoint{at: time.Now()}
 	if p.requests != nil {
-		pt.reads, pt.commits = p.requests()
+		pt.phaseCounts = p.requests()
 	}
 	if p.acked != nil {
 		pt.acks = p.acked()
@@ -75,7 +84,7 @@ func (p *terminationPhases) hook(cfg *controlplane.Config) {
 }
 
 // count sets the request counters the phases read (etcd's).
-func (p *terminationPhases) count(requests func() (reads, commits uint64)) {
+func (p *terminationPhases) count(requests func() phaseCounts) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.requests = requests
@@ -117,7 +126,13 @@ func (p *terminationPhases) split() map[string]phaseCost {
 		return out
 	}
 	between := func(from, to phasePoint) phaseCost {
-		return phaseCost{d: to.at.Sub(from.at), reads: to.reads - from.reads, commits: to.commits - from.commits, acks: to.acks - from.acks}
+		return phaseCost{d: to.at.Sub(from.at), acks: to.acks - from.acks, phaseCounts: phaseCounts{
+			reads:    to.reads - from.reads,
+			commits:  to.commits - from.commits,
+			ranges:   to.ranges - from.ranges,
+			compares: to.compares - from.compares,
+			writes:   to.writes - from.writes,
+		}}
 	}
 	out["mark"] = between(p.start, markEnd)
 	// The revocation begins with the pass that revokes: the last pass

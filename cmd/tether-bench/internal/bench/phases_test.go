@@ -11,10 +11,16 @@ import (
 func TestTerminationPhasesSplit(t *testing.T) {
 	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	ms := func(n int) time.Time { return at.Add(time.Duration(n) * time.Millisecond) }
-	// n ms in, with n read requests, n/10 commit requests made and n/20
-	// acknowledgements answered.
+	// n ms in, with n read requests, n/10 commit requests made, 3n
+	// ranges read, 2n comparisons and writes, and n/20 acknowledgements
+	// answered.
 	pt := func(n int) phasePoint {
-		return phasePoint{at: ms(n), reads: uint64(n), commits: uint64(n / 10), acks: uint64(n / 20)}
+		return phasePoint{at: ms(n), acks: uint64(n / 20), phaseCounts: phaseCounts{
+			reads: uint64(n), commits: uint64(n / 10), ranges: uint64(3 * n), compares: uint64(2 * n), writes: uint64(2 * n)}}
+	}
+	cost := func(d, reads, commits, acks int) phaseCost {
+		return phaseCost{d: time.Duration(d) * time.Millisecond, acks: uint64(acks), phaseCounts: phaseCounts{
+			reads: uint64(reads), commits: uint64(commits), ranges: uint64(3 * reads), compares: uint64(2 * reads), writes: uint64(2 * reads)}}
 	}
 	chunk := func(step string, n int) phaseChunk { return phaseChunk{step, pt(n)} }
 	p := &terminationPhases{start: pt(0)}
@@ -22,10 +28,10 @@ func TestTerminationPhasesSplit(t *testing.T) {
 	p.chunks = []phaseChunk{chunk("mark", 5), chunk("mark", 30), chunk("revoke", 90), chunk("revoke", 95), chunk("record", 120), chunk("record", 140)}
 	got := p.split()
 	want := map[string]phaseCost{
-		"mark":      {30 * time.Millisecond, 30, 3, 1},
-		"wait-acks": {45 * time.Millisecond, 45, 4, 2},
-		"revoke":    {20 * time.Millisecond, 20, 2, 1},
-		"record":    {45 * time.Millisecond, 45, 5, 3},
+		"mark":      cost(30, 30, 3, 1),
+		"wait-acks": cost(45, 45, 4, 2),
+		"revoke":    cost(20, 20, 2, 1),
+		"record":    cost(45, 45, 5, 3),
 	}
 	for _, name := range phaseNames {
 		if got[name] != want[name] {

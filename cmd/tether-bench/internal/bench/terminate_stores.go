@@ -3,6 +3,9 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
+	"runtime/pprof"
+	"strconv"
 	"time"
 
 	"github.com/tetherhq/tether/controlplane"
@@ -62,15 +65,17 @@ func terminateOnStores(ctx context.Context, r *Report, cluster *etcdlocal.Cluste
 			var before etcdstore.EtcdStats
 			if st != nil {
 				before = st.Stats()
-				phases.count(func() (uint64, uint64) {
+				phases.count(func() phaseCounts {
 					s := st.Stats()
-					return s.ReadRequests, s.CommitRequests
+					return phaseCounts{reads: s.ReadRequests, commits: s.CommitRequests, ranges: s.Ranges, compares: s.Compares, writes: s.Writes}
 				})
 			}
 			cpuBefore, cpuOK := processCPU()
 			etcdBefore, _ := srv.etcdCPU()
+			stopProfile := profileTermination(backend, agents)
 			phases.begin()
 			elapsed, nodes, err := timeTermination(ctx, srv, root)
+			stopProfile()
 			cpuAfter, _ := processCPU()
 			etcdAfter, _ := srv.etcdCPU()
 			var after etcdstore.EtcdStats
@@ -110,6 +115,11 @@ func terminateOnStores(ctx context.Context, r *Report, cluster *etcdlocal.Cluste
 					// commits share one).
 					r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/phase-%s-read-requests/agents=%d", phase, agents), float64(c.reads), "requests")
 					r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/phase-%s-commit-requests/agents=%d", phase, agents), float64(c.commits), "requests")
+					// Their volume: what the member read, compared
+					// and wrote in the phase.
+					r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/phase-%s-ranges/agents=%d", phase, agents), float64(c.ranges), "ranges")
+					r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/phase-%s-compares/agents=%d", phase, agents), float64(c.compares), "compares")
+					r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/phase-%s-writes/agents=%d", phase, agents), float64(c.writes), "writes")
 				}
 			}
 			if st != nil {
@@ -117,6 +127,9 @@ func terminateOnStores(ctx context.Context, r *Report, cluster *etcdlocal.Cluste
 				// cancel acks and the termination's own), and its reads.
 				r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/commits/agents=%d", agents), float64(after.Updates-before.Updates), "commits")
 				r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/attempts/agents=%d", agents), float64(after.Attempts-before.Attempts), "attempts")
+				// Attempts answered a conflict without a commit request:
+				// queued behind a commit that wrote what they read.
+				r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/doomed/agents=%d", agents), float64(after.Doomed-before.Doomed), "attempts")
 				r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/read-requests/agents=%d", agents), float64(after.ReadRequests-before.ReadRequests), "requests")
 				// Commit requests: Updates whose commits went merged
 				// (etcd's group commit) share one.
@@ -158,4 +171,35 @@ func terminateOnStores(ctx context.Context, r *Report, cluster *etcdlocal.Cluste
 func startEtcdServerStore(ctx context.Context, r *Report, cluster *etcdlocal.Cluster, mutate ...func(*controlplane.Config)) (*benchServer, *etcdstore.Etcd, func(), error) {
 	etcdServers++
 	return startEtcdReplicaStore(ctx, r, cluster, fmt.Sprintf("/bench/server-%d/", etcdServers), "bench", mutate...)
+}
+
+// profileTermination profiles the termination alone when
+// TETHER_BENCH_TERMINATION_PROFILE names a file: the etcd termination of
+// 1,000 agents (TETHER_BENCH_TERMINATION_PROFILE_AGENTS for another size,
+// TETHER_BENCH_TERMINATION_PROFILE_BACKEND for Badger's). It returns the
+// function that stops the profile.
+func profileTermination(backend string, agents int) func() {
+	path := os.Getenv("TETHER_BENCH_TERMINATION_PROFILE")
+	want, wantBackend := "1000", "etcd"
+	if v := os.Getenv("TETHER_BENCH_TERMINATION_PROFILE_AGENTS"); v != "" {
+		want = v
+	}
+	if v := os.Getenv("TETHER_BENCH_TERMINATION_PROFILE_BACKEND"); v != "" {
+		wantBackend = v
+	}
+	if path == "" || backend != wantBackend || strconv.Itoa(agents) != want {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}
 }
