@@ -2,6 +2,8 @@ package controlplane_test
 
 import (
 	"context"
+	"errors"
+	"io"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/store/badgerstore"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -120,5 +123,99 @@ func TestRogue46EACredentialRevokedWhileTheFeedRescansEndsItsSilentStreams(t *te
 	t.Logf("the revoked credential's silent streams, after the rescan: %d of 2 ended unauthenticated (signals %v, session %v; the guard: %v)", n, sig, ses, ctx.Err())
 	if n != 2 || ctx.Err() != nil {
 		t.Fatalf("%d of the 2 silent streams of a credential revoked while the feed rescanned ended, want 2: the rescan published nothing", n)
+	}
+}
+
+// TestRogue46EACredentialRefreshedBeforeItsRevocationDiesWithIt: a rogue
+// holding a worker's leaked credential opens the worker's session with
+// it and, a third of its life left, is handed a fresh credential. The
+// security team then revokes the leaked credential by value. The fresh
+// one was another credential, of another id, which the revocation did not
+// reach: every call took it, a session it opened was refreshed again, and
+// so on for as long as the node ran — the revocation undone by waiting for
+// one refresh. A session's refresh now keeps the credential's id (one
+// line), and a revocation by value of an agent's credential lives as long
+// as a credential of the line minted before it may: the fresh credential's
+// calls, its stream and its session are refused.
+func TestRogue46EACredentialRefreshedBeforeItsRevocationDiesWithIt(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	root := register(t, admin, "planner")
+	worker := spawn(t, srv.Clients(root.Credential), root.Node.NodeId, "worker")
+	node := worker.Node.NodeId
+
+	// A guard against a stream that stays open hanging the test; nothing
+	// waits for it to pass.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	leaked, err := openSessionIn(t, ctx, srv.Clients(worker.Credential), node)
+	if err != nil {
+		t.Fatalf("the session's first message: %v; want opened", err)
+	}
+	clk.Advance(11 * time.Minute) // of 15: 4 minutes left
+	fresh, err := leaked.refreshed()
+	if err != nil || fresh == "" {
+		t.Fatalf("a heartbeat with a third of the credential's life left: %q, %v; want a fresh credential", fresh, err)
+	}
+	held := openSilentStreams(t, ctx, srv.Clients(fresh), node)
+
+	if _, err := admin.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{Token: worker.Credential, Reason: "leaked in a build log"})); err != nil {
+		t.Fatalf("revoking the leaked credential by value: %v", err)
+	}
+	wantLimit(t, "a call with the leaked credential", whoAmI(srv.Clients(worker.Credential)), connect.CodeUnauthenticated, "revoked")
+
+	const calls = 3
+	served := 0
+	for range calls {
+		if err := whoAmI(srv.Clients(fresh)); err == nil {
+			served++
+		}
+	}
+	// A session the fresh credential opens after the revocation, refreshed
+	// in its turn.
+	again := ""
+	if s, err := openSessionIn(t, ctx, srv.Clients(fresh), node); err == nil {
+		clk.Advance(11 * time.Minute)
+		again, _ = s.refreshed()
+	}
+	againServed := again != "" && whoAmI(srv.Clients(again)) == nil
+	t.Logf("after the leaked credential's revocation, the credential refreshed from it before: %d of %d calls served; a session it opened handed out another: %v, served: %v", served, calls, again != "", againServed)
+	if served != 0 || again != "" {
+		t.Fatalf("a credential refreshed from the leaked one before its revocation: %d of %d calls served after it, and a session it opened refreshed it again (%v, served %v); want 0 and none", served, calls, again != "", againServed)
+	}
+	if n, sig, ses := held.ends(); n != 2 || ctx.Err() != nil {
+		t.Fatalf("the streams the refreshed credential held open: signals %v, session %v; want both ended unauthenticated", sig, ses)
+	}
+	// A credential, not the node: the worker still runs.
+	if n := getNode(t, admin, node); n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+		t.Fatalf("the worker after its credential's revocation: %v, want running", n.State)
+	}
+}
+
+// refreshed sends one heartbeat and returns the fresh credential the
+// session hands out with its acknowledgement ("" when none is), or the
+// error the session ended with.
+func (s *rawSession) refreshed() (string, error) {
+	if err := s.stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Heartbeat{Heartbeat: &tetherv1.SessionHeartbeat{}}}); err != nil && !errors.Is(err, io.EOF) {
+		return "", err
+	}
+	for {
+		resp, err := s.stream.Receive()
+		if err != nil {
+			return "", err
+		}
+		if c := resp.GetCredential().GetCredential(); c != "" {
+			return c, nil
+		}
+		if resp.GetHeartbeatAck() == nil {
+			continue
+		}
+		// The credential follows its acknowledgement, when one is due.
+		resp, err = s.stream.Receive()
+		if err != nil {
+			return "", err
+		}
+		return resp.GetCredential().GetCredential(), nil
 	}
 }
