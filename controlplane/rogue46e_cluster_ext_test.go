@@ -10,6 +10,7 @@ import (
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/etcdtest"
 	"github.com/tetherhq/tether/internal/store/etcdstore"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -76,5 +77,56 @@ func TestRogue46EACredentialRevokedOnOneReplicaEndsItsSilentStreamsOnOneThatResc
 	t.Logf("the revoked credential's silent streams on B, after its rescan: %d of 2 ended unauthenticated (signals %v, session %v; the guard: %v)", n, sig, ses, ctx.Err())
 	if n != 2 || ctx.Err() != nil {
 		t.Fatalf("%d of the 2 silent streams on B of a credential revoked on A while B's feed rescanned ended, want 2: B's rescan published nothing", n)
+	}
+}
+
+// TestRogue46EACredentialRefreshedOnOneReplicaDiesWithItsRevocationOnAnother:
+// the rogue holding a worker's leaked credential has replica B refresh
+// it (its session there, a third of the credential's life left) and holds
+// the fresh one's streams open on B; the security team revokes the leaked
+// credential by value on A. The fresh credential was another, which the
+// revocation did not reach: B and A served its calls, and its streams on
+// B stayed open. It is now of the leaked credential's line (its id): B
+// refuses its calls once its feed has the revocation, and ends its
+// streams as its feed publishes it; A refuses it at once.
+func TestRogue46EACredentialRefreshedOnOneReplicaDiesWithItsRevocationOnAnother(t *testing.T) {
+	clk := clock.NewManual(epoch) // both replicas' clock
+	cluster := etcdtest.Start(t)
+	prefix := etcdtest.Prefix(t)
+	stA := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = prefix })
+	a := testserver.Start(t, testserver.WithEtcdStore(stA, "replica-a"), testserver.WithClock(clk))
+	stB := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = prefix })
+	b := testserver.Start(t, testserver.WithEtcdStore(stB, "replica-b"), testserver.WithClock(clk))
+
+	// A guard against a stream that stays open hanging the test; nothing
+	// waits for it to pass.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	adminA := a.AdminClients()
+	root := register(t, adminA, "planner")
+	worker := spawn(t, a.Clients(root.Credential), root.Node.NodeId, "worker")
+	node := worker.Node.NodeId
+	leaked, err := openSessionIn(t, ctx, b.Clients(worker.Credential), node)
+	if err != nil {
+		t.Fatalf("the session's first message on B: %v; want opened", err)
+	}
+	clk.Advance(11 * time.Minute) // of 15: 4 minutes left
+	fresh, err := leaked.refreshed()
+	if err != nil || fresh == "" {
+		t.Fatalf("a heartbeat on B with a third of the credential's life left: %q, %v; want a fresh credential", fresh, err)
+	}
+	held := openSilentStreams(t, ctx, b.Clients(fresh), node)
+
+	if _, err := adminA.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{Token: worker.Credential, Reason: "leaked in a build log"})); err != nil {
+		t.Fatalf("revoking the leaked credential by value on A: %v", err)
+	}
+	servedA := whoAmI(a.Clients(fresh)) == nil
+	// B ends the fresh credential's streams as its feed publishes the
+	// revocation: after that, its calls on B are refused from its set.
+	n, sig, ses := held.ends()
+	servedB := whoAmI(b.Clients(fresh)) == nil
+	t.Logf("after the leaked credential's revocation on A, the credential B refreshed from it before: served on A %v, on B %v; %d of its 2 streams on B ended unauthenticated (signals %v, session %v; the guard: %v)", servedA, servedB, n, sig, ses, ctx.Err())
+	if servedA || servedB || n != 2 || ctx.Err() != nil {
+		t.Fatalf("a credential refreshed from the leaked one before its revocation: served on A %v, on B %v, %d of its 2 streams on B ended; want refused on both, both ended", servedA, servedB, n)
 	}
 }
