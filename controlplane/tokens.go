@@ -168,8 +168,16 @@ func (a *authService) RevokeToken(ctx context.Context, req *connect.Request[teth
 	if info.RevokedAt != nil {
 		return connect.NewResponse(&tetherv1.RevokeTokenResponse{Token: info, AlreadyRevoked: true}), nil
 	}
+	// An agent's credential is one line with every credential its
+	// sessions refreshed from it, of its id (auth.Interceptor.RefreshAgent):
+	// the tombstone lives until the last of them minted before the
+	// revocation may expire, not only the one revoked.
+	var reminted time.Duration
+	if info.Kind == "agent" {
+		reminted = a.s.cfg.AgentCredentialTTL
+	}
 	var written *tetherv1.TokenInfo
-	seq, err := a.s.grants.RevokeBearer(ctx, id, info.ExpiresAt.AsTime(), auth.Leeway, reason, func(tx store.Txn, at time.Time) error {
+	seq, err := a.s.grants.RevokeBearer(ctx, id, info.ExpiresAt.AsTime(), reminted, auth.Leeway, reason, func(tx store.Txn, at time.Time) error {
 		current, err := getTokenInfo(tx, id)
 		switch {
 		case errors.Is(err, store.ErrNotFound):

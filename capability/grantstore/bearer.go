@@ -23,7 +23,13 @@ import (
 // to write nothing). It adds the tombstone to this replica's set before it
 // returns, so the next call with the token is refused here at once; the
 // other replicas refuse it as soon as their feed watch delivers it.
-func (s *Service) RevokeBearer(ctx context.Context, tokenID string, expiresAt time.Time, leeway time.Duration, reason string, also func(tx store.Txn, revokedAt time.Time) error) (uint64, error) {
+//
+// reminted is how long a token of the same id minted before the
+// revocation commits may live past its mint (an agent's credential, whose
+// sessions refresh it under its id: the credentials' lifetime), 0 for a
+// token never minted again: the tombstone lives until then too, counted
+// from the commit, as a grant's is (rogue38i).
+func (s *Service) RevokeBearer(ctx context.Context, tokenID string, expiresAt time.Time, reminted, leeway time.Duration, reason string, also func(tx store.Txn, revokedAt time.Time) error) (uint64, error) {
 	if err := capability.ValidateID("token_id", tokenID); err != nil {
 		return 0, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
@@ -41,6 +47,11 @@ func (s *Service) RevokeBearer(ctx context.Context, tokenID string, expiresAt ti
 		head, err := getCounter(tx, feedHeadKey)
 		if err != nil {
 			return err
+		}
+		if reminted > 0 {
+			if later := s.cfg.Clock.Now().Add(reminted + leeway); later.After(t.DropAfter) {
+				t.DropAfter = later
+			}
 		}
 		head++
 		t.Sequence = head

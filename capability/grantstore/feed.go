@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/store"
@@ -306,6 +308,16 @@ func (s *Service) followFeed(ctx context.Context) error {
 	if n := len(log); n > 0 {
 		head = max(head, log[n-1].Sequence)
 	}
+	// What the feed had published before a rescan (its watch fell behind):
+	// the tombstones the scan finds past it are published here, as the
+	// watch would have published them. A rescan that published nothing
+	// left open, on this replica, the silent streams of an agent's
+	// credential revoked by value meanwhile (OnPublish ends them), for as
+	// long as the node ran (rogue46e tests). The first load publishes
+	// nothing: no stream is open before it (BearerRevoked waits for it).
+	s.feed.mu.Lock()
+	rescan, published := s.feed.loaded, s.feed.head
+	s.feed.mu.Unlock()
 	// The set first: reset opens BearerRevoked (feed.ready), which must
 	// then find every revocation of the scan.
 	if err := s.tombstones.Replace(log, head); err != nil {
@@ -313,6 +325,13 @@ func (s *Service) followFeed(ctx context.Context) error {
 	}
 	s.feed.reset(log, head, compacted)
 	s.tombstones.MarkSynced(head, s.cfg.Clock.Now())
+	if rescan {
+		for _, t := range log {
+			if t.Sequence > published {
+				s.published(ctx, t, trace.SpanContext{})
+			}
+		}
+	}
 
 	for batch := range w.Events() {
 		// The set learns the batch's tombstones before the feed wakes its

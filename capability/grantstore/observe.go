@@ -18,9 +18,10 @@ import (
 // revocation feed, in the trace of the request that revoked it.
 const publishSpanName = "revocation.publish"
 
-// published runs for each tombstone the feed took from a live store event
-// (not from a rescan): a span in the revoking request's trace when that
-// request was traced in this process, and Config.OnPublish.
+// published runs for each tombstone the feed took from a live store event,
+// and for each a rescan found past what the feed had published (its watch
+// fell behind; no trace to join then): a span in the revoking request's
+// trace when that request was traced in this process, and Config.OnPublish.
 func (s *Service) published(ctx context.Context, t capability.Tombstone, cause trace.SpanContext) {
 	if cause.IsSampled() {
 		parent := trace.ContextWithRemoteSpanContext(ctx, cause)

@@ -73,7 +73,7 @@ func TestRogue40OPrunerStopsAtTheFirstGrantTombstoneStillNeeded(t *testing.T) {
 		}
 	}
 	// A bearer token's tombstone among them, kept for its day.
-	if _, err := svc.RevokeBearer(ctx, "tok_rogue40o", w.clk.Now().Add(24*time.Hour), time.Second, "bearer", nil); err != nil {
+	if _, err := svc.RevokeBearer(ctx, "tok_rogue40o", w.clk.Now().Add(24*time.Hour), 0, time.Second, "bearer", nil); err != nil {
 		t.Fatal(err)
 	}
 

@@ -61,8 +61,10 @@ type Config struct {
 	MaxPerNode int
 	Log        *slog.Logger
 	// OnPublish, if set, sees each tombstone as this replica's feed
-	// publishes it from a live store event (metrics). It runs on the feed's
-	// goroutine and must return quickly.
+	// publishes it: from a live store event, or from a rescan that found
+	// it past what the feed had published (its watch fell behind); not
+	// from the first load. It runs on the feed's goroutine and must return
+	// quickly.
 	OnPublish func(capability.Tombstone)
 }
 

@@ -332,6 +332,29 @@ func (i *Interceptor) MintAgent(nodeID, lineage string, now time.Time, ttl time.
 	return token, m.exp, nil
 }
 
+// RefreshAgent mints the fresh credential an agent's session hands out in
+// place of p, the credential the session was opened with: of p's id (jti),
+// so that a credential and every one refreshed from it are one line, which
+// a revocation of any of them by value ends (the tombstone names the id;
+// RevokeToken keeps it as long as a credential of the line minted before
+// it may live). A fresh id each time left a credential the session handed
+// out before the revocation of the one it replaced alive, and refreshed,
+// for as long as the node ran: a rogue holding a leaked credential that
+// had it refreshed once kept acting after the security team revoked the
+// leaked one (rogue46e test). A credential without an id gets a new one.
+func (i *Interceptor) RefreshAgent(p Principal, now time.Time, ttl time.Duration) (token string, exp time.Time, err error) {
+	id := p.TokenID
+	if id == "" {
+		id = newTokenID()
+	}
+	token, m, err := i.Issuer.mintedAs(id, AudienceAgent, p.Subject, "", now, ttl)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	i.Cache.minted(token, m, p.Lineage, now)
+	return token, m.exp, nil
+}
+
 // MintOperator is Issuer.MintOperator, the token remembered as MintAgent's.
 func (i *Interceptor) MintOperator(subject string, role Role, now time.Time, ttl time.Duration) (token, id string, exp time.Time, err error) {
 	token, m, err := i.Issuer.minted(AudienceOperator, subject, role.String(), now, ttl)

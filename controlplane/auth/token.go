@@ -85,11 +85,16 @@ type mintedToken struct {
 // minted mints a token and says what a verification of it would prove
 // (Interceptor.MintAgent remembers it as verified).
 func (i Issuer) minted(audience, subject, role string, now time.Time, ttl time.Duration) (string, mintedToken, error) {
+	return i.mintedAs(newTokenID(), audience, subject, role, now, ttl)
+}
+
+// mintedAs is minted with the token id (jti) id: an agent's refreshed
+// credential keeps the id of the one it replaces (Interceptor.RefreshAgent).
+func (i Issuer) mintedAs(id, audience, subject, role string, now time.Time, ttl time.Duration) (string, mintedToken, error) {
 	key, err := i.Ring().Signer(now)
 	if err != nil {
 		return "", mintedToken{}, err
 	}
-	id := newTokenID()
 	exp := now.Add(ttl).Truncate(time.Second)
 	s, err := capability.SignEncodedJWT(key, appendClaims(make([]byte, 0, 256), i.Name, subject, audience, role, id, exp, now))
 	if err != nil {

@@ -1,0 +1,221 @@
+package controlplane_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/store/badgerstore"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// The forty-sixth hostile pass on the capability tree: an agent whose
+// credential is being revoked, on a replica whose revocation feed fell
+// behind the store.
+
+// silentStreams are the streams a rogue holds open with a credential and
+// sends nothing on: the node's session (after its hello) and a signals
+// stream, each the node's session in its exit evidence.
+type silentStreams struct {
+	session *rawSession
+	signals *connect.ServerStreamForClient[tetherv1.WatchSignalsResponse]
+}
+
+func openSilentStreams(t *testing.T, ctx context.Context, c *testserver.Clients, node string) *silentStreams {
+	t.Helper()
+	opened, err := openSessionIn(t, ctx, c, node)
+	if err != nil {
+		t.Fatalf("the session's first message: %v; want opened", err)
+	}
+	signals, err := c.Agent.WatchSignals(ctx, connect.NewRequest(&tetherv1.WatchSignalsRequest{NodeId: node}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { signals.Close() })
+	if !signals.Receive() || signals.Msg().GetOpened() == nil {
+		t.Fatalf("the signals stream's first message: %v, %v; want opened", signals.Msg(), signals.Err())
+	}
+	return &silentStreams{session: opened, signals: signals}
+}
+
+// ends reads both streams to their end (or the context's, a guard) and
+// returns how many ended unauthenticated, and their ends.
+func (s *silentStreams) ends() (int, error, error) {
+	for s.signals.Receive() {
+	}
+	var sessionEnd error
+	for sessionEnd == nil {
+		_, sessionEnd = s.session.stream.Receive()
+	}
+	n := 0
+	for _, err := range []error{s.signals.Err(), sessionEnd} {
+		if connect.CodeOf(err) == connect.CodeUnauthenticated {
+			n++
+		}
+	}
+	return n, s.signals.Err(), sessionEnd
+}
+
+// TestRogue46EACredentialRevokedWhileTheFeedRescansEndsItsSilentStreams:
+// a rogue holding a worker's leaked credential keeps the worker's
+// session and a signals stream open, sending nothing. The security team
+// revokes the credential by value while the replica's revocation feed
+// has fallen behind its store (store.ErrWatchLagged: a full buffer on
+// Badger) and rescans. The replica's set holds the revocation (the
+// replica took it), but the streams are ended only as the feed publishes
+// a revocation (auth.Interceptor.EndRevokedStreams), and a rescan
+// published nothing: both streams stayed open for as long as the node
+// ran, after the feed had published a later revocation (a canary's: its
+// stream ended). The rescan now publishes what it finds past what the
+// feed had published, and both end unauthenticated.
+func TestRogue46EACredentialRevokedWhileTheFeedRescansEndsItsSilentStreams(t *testing.T) {
+	b, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() }) // after the server stops (cleanups run last-in first-out)
+	st := &laggingStore{Store: b}
+	srv := testserver.Start(t, func(cfg *controlplane.Config) { cfg.Store = st })
+	// A guard against a stream that stays open hanging the test; nothing
+	// waits for it to pass.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin := srv.AdminClients()
+	root := register(t, admin, "planner")
+	parent := srv.Clients(root.Credential)
+	worker := spawn(t, parent, root.Node.NodeId, "worker")
+	canary := spawn(t, parent, root.Node.NodeId, "canary")
+	rogue := openSilentStreams(t, ctx, srv.Clients(worker.Credential), worker.Node.NodeId)
+	witness := openSilentStreams(t, ctx, srv.Clients(canary.Credential), canary.Node.NodeId)
+
+	// The feed's watch falls behind; its new watch is held down across
+	// the revocation.
+	release := sync.OnceFunc(st.hold("grantstore.(*Service).followFeed"))
+	defer release()
+	if n := st.lag("grantstore.(*Service).followFeed"); n != 1 {
+		t.Fatalf("lagged %d store watches of the revocation feed, want its one", n)
+	}
+	testserver.WaitFor(t, 30*time.Second, "the feed to ask for a new watch", func() bool { return st.holding("grantstore.(*Service).followFeed") >= 1 })
+	if _, err := admin.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{Token: worker.Credential, Reason: "leaked in a build log"})); err != nil {
+		t.Fatalf("revoking the worker's credential by value: %v", err)
+	}
+	wantLimit(t, "a call with the revoked credential", whoAmI(srv.Clients(worker.Credential)), connect.CodeUnauthenticated, "revoked")
+	release()
+
+	// The feed rescans, then follows its new watch, which publishes the
+	// canary's revocation: once the canary's streams have ended, the
+	// feed is past its rescan.
+	if _, err := admin.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{Token: canary.Credential, Reason: "a witness"})); err != nil {
+		t.Fatal(err)
+	}
+	if n, sig, ses := witness.ends(); n != 2 || ctx.Err() != nil {
+		t.Fatalf("the canary's streams after its revocation: signals %v, session %v; want both ended unauthenticated", sig, ses)
+	}
+	n, sig, ses := rogue.ends()
+	t.Logf("the revoked credential's silent streams, after the rescan: %d of 2 ended unauthenticated (signals %v, session %v; the guard: %v)", n, sig, ses, ctx.Err())
+	if n != 2 || ctx.Err() != nil {
+		t.Fatalf("%d of the 2 silent streams of a credential revoked while the feed rescanned ended, want 2: the rescan published nothing", n)
+	}
+}
+
+// TestRogue46EACredentialRefreshedBeforeItsRevocationDiesWithIt: a rogue
+// holding a worker's leaked credential opens the worker's session with
+// it and, a third of its life left, is handed a fresh credential. The
+// security team then revokes the leaked credential by value. The fresh
+// one was another credential, of another id, which the revocation did not
+// reach: every call took it, a session it opened was refreshed again, and
+// so on for as long as the node ran — the revocation undone by waiting for
+// one refresh. A session's refresh now keeps the credential's id (one
+// line), and a revocation by value of an agent's credential lives as long
+// as a credential of the line minted before it may: the fresh credential's
+// calls, its stream and its session are refused.
+func TestRogue46EACredentialRefreshedBeforeItsRevocationDiesWithIt(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	root := register(t, admin, "planner")
+	worker := spawn(t, srv.Clients(root.Credential), root.Node.NodeId, "worker")
+	node := worker.Node.NodeId
+
+	// A guard against a stream that stays open hanging the test; nothing
+	// waits for it to pass.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	leaked, err := openSessionIn(t, ctx, srv.Clients(worker.Credential), node)
+	if err != nil {
+		t.Fatalf("the session's first message: %v; want opened", err)
+	}
+	clk.Advance(11 * time.Minute) // of 15: 4 minutes left
+	fresh, err := leaked.refreshed()
+	if err != nil || fresh == "" {
+		t.Fatalf("a heartbeat with a third of the credential's life left: %q, %v; want a fresh credential", fresh, err)
+	}
+	held := openSilentStreams(t, ctx, srv.Clients(fresh), node)
+
+	if _, err := admin.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{Token: worker.Credential, Reason: "leaked in a build log"})); err != nil {
+		t.Fatalf("revoking the leaked credential by value: %v", err)
+	}
+	wantLimit(t, "a call with the leaked credential", whoAmI(srv.Clients(worker.Credential)), connect.CodeUnauthenticated, "revoked")
+
+	const calls = 3
+	served := 0
+	for range calls {
+		if err := whoAmI(srv.Clients(fresh)); err == nil {
+			served++
+		}
+	}
+	// A session the fresh credential opens after the revocation, refreshed
+	// in its turn.
+	again := ""
+	if s, err := openSessionIn(t, ctx, srv.Clients(fresh), node); err == nil {
+		clk.Advance(11 * time.Minute)
+		again, _ = s.refreshed()
+	}
+	againServed := again != "" && whoAmI(srv.Clients(again)) == nil
+	t.Logf("after the leaked credential's revocation, the credential refreshed from it before: %d of %d calls served; a session it opened handed out another: %v, served: %v", served, calls, again != "", againServed)
+	if served != 0 || again != "" {
+		t.Fatalf("a credential refreshed from the leaked one before its revocation: %d of %d calls served after it, and a session it opened refreshed it again (%v, served %v); want 0 and none", served, calls, again != "", againServed)
+	}
+	if n, sig, ses := held.ends(); n != 2 || ctx.Err() != nil {
+		t.Fatalf("the streams the refreshed credential held open: signals %v, session %v; want both ended unauthenticated", sig, ses)
+	}
+	// A credential, not the node: the worker still runs.
+	if n := getNode(t, admin, node); n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+		t.Fatalf("the worker after its credential's revocation: %v, want running", n.State)
+	}
+}
+
+// refreshed sends one heartbeat and returns the fresh credential the
+// session hands out with its acknowledgement ("" when none is), or the
+// error the session ended with.
+func (s *rawSession) refreshed() (string, error) {
+	if err := s.stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Heartbeat{Heartbeat: &tetherv1.SessionHeartbeat{}}}); err != nil && !errors.Is(err, io.EOF) {
+		return "", err
+	}
+	for {
+		resp, err := s.stream.Receive()
+		if err != nil {
+			return "", err
+		}
+		if c := resp.GetCredential().GetCredential(); c != "" {
+			return c, nil
+		}
+		if resp.GetHeartbeatAck() == nil {
+			continue
+		}
+		// The credential follows its acknowledgement, when one is due.
+		resp, err = s.stream.Receive()
+		if err != nil {
+			return "", err
+		}
+		return resp.GetCredential().GetCredential(), nil
+	}
+}
