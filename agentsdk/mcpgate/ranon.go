@@ -37,14 +37,27 @@ const CancelAnswerGrace = 2 * time.Second
 type lateKey struct{}
 
 // lateWatch is one call's ear for its upstream's answer, on the
-// connection its request was written to (a stdio upstream's: over
-// Streamable HTTP the SDK ends the request's POST, and with it the
-// answer's stream, as it cancels the call).
+// connection its request was written to (a stdio upstream's), or on the
+// call's own POST (a Streamable HTTP upstream's: lateCalls).
 type lateWatch struct {
 	answer chan *jsonrpc.Response // the upstream's answer (1)
 	mu     sync.Mutex
 	on     *lateAnswers // the connection, once its request was written to it
 	id     jsonrpc.ID
+	over   bool     // forgotten
+	stops  []func() // run as it is forgotten
+}
+
+// onForget runs stop as w is forgotten (at once if it was).
+func (w *lateWatch) onForget(stop func()) {
+	w.mu.Lock()
+	if !w.over {
+		w.stops = append(w.stops, stop)
+		w.mu.Unlock()
+		return
+	}
+	w.mu.Unlock()
+	stop()
 }
 
 // connectionGone is the end of the connection the call's request was
@@ -61,8 +74,12 @@ func (w *lateWatch) connectionGone() <-chan struct{} {
 // forget stops listening: the call is over, however it ended.
 func (w *lateWatch) forget() {
 	w.mu.Lock()
-	on := w.on
+	on, stops := w.on, w.stops
+	w.over, w.stops = true, nil
 	w.mu.Unlock()
+	for _, stop := range stops {
+		stop()
+	}
 	if on == nil {
 		return
 	}
