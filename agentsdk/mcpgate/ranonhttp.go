@@ -163,6 +163,7 @@ type lateBody struct {
 	once  sync.Once
 
 	stream bool
+	whole  bool   // heard already
 	line   []byte // the current line (of an event stream), or the JSON body
 	data   []byte // the current event's data
 	inData bool   // the current event has a data field
@@ -171,7 +172,13 @@ type lateBody struct {
 
 func newLateBody(resp *http.Response, heard *lateHeard, end func()) *lateBody {
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
-	return &lateBody{body: resp.Body, heard: heard, end: end, stream: mt == "text/event-stream"}
+	b := &lateBody{body: resp.Body, heard: heard, end: end, stream: mt == "text/event-stream"}
+	if whole, ok := resp.Body.(wholeBody); ok && !b.stream {
+		// Read whole already (boundedAnswers): heard as it is, not copied.
+		heard.heard(whole.whole)
+		b.whole = true
+	}
+	return b
 }
 
 func (b *lateBody) Read(p []byte) (int, error) {
@@ -195,6 +202,9 @@ func (b *lateBody) Close() error {
 // scan reads p, the next bytes of the answer. What it holds is bounded by
 // the gateway's bounds on an answer (boundedAnswers, beneath it).
 func (b *lateBody) scan(p []byte) {
+	if b.whole {
+		return
+	}
 	if !b.stream {
 		if len(b.line)+len(p) <= MaxUpstreamAnswerBytes+1 {
 			b.line = append(b.line, p...)
@@ -249,6 +259,9 @@ func (b *lateBody) field() {
 // finish takes the answer's end: an event stream's last event, a JSON
 // body whole.
 func (b *lateBody) finish() {
+	if b.whole {
+		return
+	}
 	if b.stream {
 		if len(b.line) > 0 {
 			b.field()
