@@ -8,6 +8,7 @@ import (
 	"mime"
 	"net/http"
 	"sync"
+	"sync/atomic"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 )
@@ -35,7 +36,8 @@ type lateCalls struct {
 
 func (l lateCalls) RoundTrip(r *http.Request) (*http.Response, error) {
 	w, _ := r.Context().Value(lateKey{}).(*lateWatch)
-	if w == nil || r.Method != http.MethodPost {
+	if w == nil || r.Method != http.MethodPost || r.Context().Err() != nil {
+		// (A call cancelled before it is sent is not sent.)
 		return l.next.RoundTrip(r)
 	}
 	raw, call := callID(r) // (not the call's notifications/cancelled, which carries its context's values)
@@ -56,28 +58,43 @@ func (l lateCalls) RoundTrip(r *http.Request) (*http.Response, error) {
 	ctx, stop := context.WithCancel(context.WithoutCancel(r.Context()))
 	unclosing := context.AfterFunc(l.closing, stop)
 	heard := &lateHeard{on: on}
+	// A request not yet sent whole as the call is cancelled is not sent
+	// on (the upstream never has the call, as over stdio: rogue20 test).
 	// The call's cancel hands what was heard to the lateWatch from then on,
 	// and the last message heard before (an answer the SDK may have read as
 	// the call was cancelled, and dropped).
-	uncancelled := context.AfterFunc(r.Context(), heard.cancelled)
-	w.onForget(func() {
-		stop()
-		uncancelled()
-		heard.forget()
+	sent := &sentBody{ReadCloser: r.Body}
+	if r.Body == nil || r.Body == http.NoBody {
+		sent.whole.Store(true)
+	}
+	uncancelled := context.AfterFunc(r.Context(), func() {
+		if !sent.whole.Load() {
+			stop()
+		}
+		heard.cancelled()
 	})
 	end := func() {
 		stop()
 		unclosing()
 		on.end()
 	}
+	w.onForget(func() {
+		end()
+		uncancelled()
+		heard.forget()
+	})
 
 	type exchange struct {
 		resp *http.Response
 		err  error
 	}
 	got := make(chan exchange, 1)
+	detached := r.WithContext(ctx)
+	if r.Body != nil && r.Body != http.NoBody {
+		detached.Body = sent
+	}
 	go func() {
-		resp, err := l.next.RoundTrip(r.WithContext(ctx))
+		resp, err := l.next.RoundTrip(detached)
 		got <- exchange{resp, err}
 	}()
 	var x exchange
@@ -103,6 +120,20 @@ func (l lateCalls) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	x.resp.Body = newLateBody(x.resp, heard, end)
 	return x.resp, nil
+}
+
+// sentBody is a call's request body, whole once read to its end.
+type sentBody struct {
+	io.ReadCloser
+	whole atomic.Bool
+}
+
+func (b *sentBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.whole.Store(true)
+	}
+	return n, err
 }
 
 // lateHeard is what a call's POST carried: each message is handed to the
