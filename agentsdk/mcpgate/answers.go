@@ -85,7 +85,7 @@ func (b boundedAnswers) RoundTrip(r *http.Request) (*http.Response, error) {
 			// not read (the call's own cancellation, mid-body, included).
 			setAnswer(resp, http.StatusOK, refusal(id, "tether: reading the upstream's answer failed"))
 		case len(body) <= MaxUpstreamAnswerBytes:
-			resp.Body = io.NopCloser(bytes.NewReader(body))
+			resp.Body = newWholeBody(body)
 		default:
 			setAnswer(resp, http.StatusOK, refusal(id, fmt.Sprintf("tether: the upstream's answer exceeds %d bytes, the most the gateway relays", MaxUpstreamAnswerBytes)))
 		}
@@ -97,7 +97,7 @@ func (b boundedAnswers) RoundTrip(r *http.Request) (*http.Response, error) {
 		if err == nil && len(body) <= MaxUpstreamAnswerBytes {
 			if msg, derr := jsonrpc.DecodeMessage(body); derr == nil {
 				if res, ok := msg.(*jsonrpc.Response); ok && res.Error != nil {
-					resp.Body = io.NopCloser(bytes.NewReader(body))
+					resp.Body = newWholeBody(body)
 					return resp, nil
 				}
 			}
@@ -318,8 +318,19 @@ func setAnswer(resp *http.Response, status int, body []byte) {
 	resp.Header.Set("Content-Type", "application/json")
 	resp.Header.Del("Content-Length")
 	resp.ContentLength = int64(len(body))
-	resp.Body = io.NopCloser(bytes.NewReader(body))
+	resp.Body = newWholeBody(body)
 }
+
+// wholeBody is an answer the gateway read whole: the SDK reads it, and
+// lateCalls hears it without a copy.
+type wholeBody struct {
+	*bytes.Reader
+	whole []byte
+}
+
+func newWholeBody(b []byte) wholeBody { return wholeBody{Reader: bytes.NewReader(b), whole: b} }
+
+func (wholeBody) Close() error { return nil }
 
 // errAnswerTooLarge is the read error of an upstream's answer beyond
 // MaxUpstreamAnswerBytes (in the gateway's log, not the agent's answer).

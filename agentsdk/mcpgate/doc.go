@@ -101,12 +101,14 @@
 // completed (or failed), never cancelled, and the agent gets the answer.
 // MCP cancellation is advisory: an upstream that ignores
 // notifications/cancelled may go on working; the ledger's acknowledgement
-// says the gateway stopped waiting for it and told it to stop. A stdio
+// says the gateway stopped waiting for it and told it to stop. The
 // upstream's answer to the call is still listened for, CancelAnswerGrace
-// (2 s) after the cancel: one with a result (neither a JSON-RPC error nor
-// isError) says the call ran on past its cancel, and it is recorded as it
-// answered, never cancelled; an error, silence or the connection's end
-// has the cancel acknowledged. A call
+// (2 s) after the cancel (a stdio upstream's on its connection, a
+// Streamable HTTP upstream's on the call's POST, kept open for it): one
+// with a result (neither a JSON-RPC error nor isError) says the call ran
+// on past its cancel, and it is recorded as it answered, never cancelled;
+// an error, silence or the connection's (the POST's) end has the cancel
+// acknowledged. A call
 // whose request is still being written to a stdio upstream (one that no
 // longer reads its input) when the cancel comes ends that connection: the
 // rest is never written, the upstream is started again, and the cancel is

@@ -12,7 +12,7 @@ import (
 )
 
 // CancelAnswerGrace is how long, once the control plane's cancel has
-// stopped the gateway's wait for a call to a stdio upstream, the gateway
+// stopped the gateway's wait for a call to an upstream, the gateway
 // still listens for the upstream's answer to it before it acknowledges
 // the cancel (on the gateway's clock; an abort's acknowledgement window
 // is 10 s by default). MCP's cancellation is advisory: an upstream that
@@ -28,8 +28,9 @@ import (
 // ToolGate records a handler that returned a result after the order. An
 // upstream that answers nothing (MCP's advice to one that stops) has the
 // cancel acknowledged when the grace is over; so does one whose
-// connection ends meanwhile. An answer after the grace is still dropped
-// (docs/design.md §11).
+// connection ends meanwhile. Over Streamable HTTP the answer is heard on
+// the call's POST, kept open for the grace (lateCalls; rogue46d tests). An
+// answer after the grace is still dropped (docs/design.md §11).
 const CancelAnswerGrace = 2 * time.Second
 
 // lateKey keys, in the context of a call's upstream request, the
@@ -37,14 +38,27 @@ const CancelAnswerGrace = 2 * time.Second
 type lateKey struct{}
 
 // lateWatch is one call's ear for its upstream's answer, on the
-// connection its request was written to (a stdio upstream's: over
-// Streamable HTTP the SDK ends the request's POST, and with it the
-// answer's stream, as it cancels the call).
+// connection its request was written to (a stdio upstream's), or on the
+// call's own POST (a Streamable HTTP upstream's: lateCalls).
 type lateWatch struct {
 	answer chan *jsonrpc.Response // the upstream's answer (1)
 	mu     sync.Mutex
 	on     *lateAnswers // the connection, once its request was written to it
 	id     jsonrpc.ID
+	over   bool     // forgotten
+	stops  []func() // run as it is forgotten
+}
+
+// onForget runs stop as w is forgotten (at once if it was).
+func (w *lateWatch) onForget(stop func()) {
+	w.mu.Lock()
+	if !w.over {
+		w.stops = append(w.stops, stop)
+		w.mu.Unlock()
+		return
+	}
+	w.mu.Unlock()
+	stop()
 }
 
 // connectionGone is the end of the connection the call's request was
@@ -61,8 +75,12 @@ func (w *lateWatch) connectionGone() <-chan struct{} {
 // forget stops listening: the call is over, however it ended.
 func (w *lateWatch) forget() {
 	w.mu.Lock()
-	on := w.on
+	on, stops := w.on, w.stops
+	w.over, w.stops = true, nil
 	w.mu.Unlock()
+	for _, stop := range stops {
+		stop()
+	}
 	if on == nil {
 		return
 	}
@@ -73,8 +91,9 @@ func (w *lateWatch) forget() {
 	on.mu.Unlock()
 }
 
-// lateAnswers are the calls of one stdio upstream's connection whose
-// answers the gateway listens for, by their request's id.
+// lateAnswers are the calls of one stdio upstream's connection (or the
+// one call of a Streamable HTTP upstream's POST) whose answers the gateway
+// listens for, by their request's id.
 type lateAnswers struct {
 	mu    sync.Mutex
 	calls map[jsonrpc.ID]*lateWatch
