@@ -110,10 +110,6 @@ func Sweep(w Watch, deadline time.Time) error {
 			// watched process's orphans: kill none, prove nothing.
 			return fmt.Errorf("%d processes adopted since the watched process started cannot be told from the program's own (os/exec holds no pidfd here)", len(roots))
 		}
-		if time.Now().After(deadline) {
-			slices.Sort(roots)
-			return fmt.Errorf("processes left behind still run after SIGKILL (adopted pids %v)", roots)
-		}
 		// Everything below each orphan, leaves first. A process that
 		// forks meanwhile leaves an orphan for the next round.
 		var victims []int
@@ -137,6 +133,14 @@ func Sweep(w Watch, deadline time.Time) error {
 		for _, pid := range roots {
 			var ws syscall.WaitStatus
 			_, _ = syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
+		}
+		// Past the deadline only once what this scan found was killed:
+		// on a busy host a scan may take longer than the deadline, and a
+		// sweep that gave up before its first kill left everything
+		// running.
+		if time.Now().After(deadline) {
+			slices.Sort(roots)
+			return fmt.Errorf("processes left behind still run after SIGKILL (adopted pids %v)", roots)
 		}
 		time.Sleep(pause)
 		pause = min(2*pause, 50*time.Millisecond)
