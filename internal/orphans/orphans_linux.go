@@ -80,8 +80,10 @@ func Start(pid int) Watch {
 // children, and the other watched processes). Because the process is a
 // subreaper, every process still running that descends from the watched
 // one is below such an orphan once the watched process has exited (call
-// Sweep then). It returns nil only once there is none left, and an error
-// if that cannot be proven by deadline.
+// Sweep then). Each orphan's process group is killed whole as well, when
+// every member of it is the watched process's (killGroups). It returns
+// nil only once there is none left, and an error if that cannot be proven
+// by deadline.
 func Sweep(w Watch, deadline time.Time) error {
 	if w.err != nil {
 		return w.err
