@@ -125,13 +125,16 @@ func Sweep(w Watch, deadline time.Time) error {
 		for _, r := range roots {
 			walk(r)
 		}
-		killGroups(procs, victims, held, w.since, deadline)
 		for _, pid := range victims {
 			// The same process still (not a pid reused since the scan).
 			if st, ok := readStat(pid); ok && st.start == procs[pid].start && !st.zombie {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
 			}
 		}
+		// Then their groups, whole, waiting for them to end: after the
+		// kills by pid, which reach a process whose main thread exited
+		// (rogue41l), as a group's signal may not.
+		killGroups(procs, victims, held, w.since, deadline)
 		for _, pid := range roots {
 			var ws syscall.WaitStatus
 			_, _ = syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
