@@ -185,7 +185,9 @@ const (
 // the agent's process and that no os.Process of the program holds — the
 // program's own children started with os/exec or os.StartProcess, and the
 // other agents' processes, are held by a pidfd until they are waited for
-// — with everything below it; and it confirms the exit only once a scan of
+// — with everything below it, and each one's process group when every
+// member of it is such a process's (a process forking and exiting in a
+// loop outruns kills by pid, not a group's); and it confirms the exit only once a scan of
 // /proc finds none left. If that cannot be proven (no subreaper; no pidfds,
 // so the program's children cannot be told from orphans; a process still
 // there after KillGrace) it does not confirm, and the node's record says
