@@ -74,44 +74,17 @@ func TestRogue45DAnOwnAbortDoesNotStripTheOperatorsDrainOfItsWait(t *testing.T) 
 	// A second later the gate answers: one call cancelled, the payment
 	// completed.
 	w.clk.Advance(time.Second)
-	accepted := 0
-	if _, err := w.gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: cancelled, GateId: "gate-1"})); err != nil {
-		t.Errorf("the gate's acknowledgement of C's cancelled call, a second into the drain's window: %v", err)
-	} else {
-		accepted++
-	}
-	if _, err := w.gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: paid, GateId: "gate-1"})); err != nil {
-		t.Errorf("the gate's report that C's payment completed, a second into the drain's window: %v", err)
-	} else {
-		accepted++
-	}
-	t.Logf("the gate's reports accepted: %d of 2", accepted)
+	rogue45dGateAnswers(t, w, cancelled, paid, "a second into the drain's window")
 
 	waitState(t, w.srv, drain.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
 	w.clk.Advance(2 * time.Minute)
 	waitState(t, w.srv, drain.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 
 	rec := record(t, w.admin, drain.TerminationId)
-	got := map[string]*tetherv1.RecordToolCall{}
-	for _, call := range rec.ToolCalls {
-		got[call.CallId] = call
-	}
-	for _, want := range []struct {
-		call, what string
-		res        tetherv1.CallResolution
-	}{
-		{cancelled, "C's cancelled call", tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED},
-		{paid, "C's payment", tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED},
-		{own, "P's own call", tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED},
-	} {
-		call := got[want.call]
-		switch {
-		case call == nil:
-			t.Errorf("the operator's record does not list %s", want.what)
-		case call.Resolution != want.res || call.EndedBy != "tool:gate-1":
-			t.Errorf("the operator's record lists %s as %s ended by %q, want %s ended by tool:gate-1", want.what, call.Resolution, call.EndedBy, want.res)
-		}
-	}
+	rogue45dWantEndedByGate(t, rec, "the operator's",
+		rogue45dEnd{cancelled, "C's cancelled call", tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED},
+		rogue45dEnd{paid, "C's payment", tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED},
+		rogue45dEnd{own, "P's own call", tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED})
 }
 
 func rogue45dBegin(t *testing.T, w *seedWorld, token string) string {
@@ -121,6 +94,53 @@ func rogue45dBegin(t *testing.T, w *seedWorld, token string) string {
 		t.Fatalf("begin a call: %v", err)
 	}
 	return call
+}
+
+// rogue45dGateAnswers has the honest gate answer at once, when (the
+// moment, for the errors): it acknowledges the cancel of C's call
+// cancelled and reports C's payment paid completed. An answer refused is
+// an error of the test.
+func rogue45dGateAnswers(t *testing.T, w *seedWorld, cancelled, paid, when string) {
+	t.Helper()
+	ctx := context.Background()
+	accepted := 0
+	if _, err := w.gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: cancelled, GateId: "gate-1"})); err != nil {
+		t.Errorf("the gate's acknowledgement of C's cancelled call, %s: %v", when, err)
+	} else {
+		accepted++
+	}
+	if _, err := w.gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: paid, GateId: "gate-1"})); err != nil {
+		t.Errorf("the gate's report that C's payment completed, %s: %v", when, err)
+	} else {
+		accepted++
+	}
+	t.Logf("the gate's reports accepted: %d of 2", accepted)
+}
+
+// rogue45dEnd is a call a record must list, ended by the gate.
+type rogue45dEnd struct {
+	call, what string
+	res        tetherv1.CallResolution
+}
+
+// rogue45dWantEndedByGate fails the test unless rec (whose: the
+// termination's issuer, for the errors) lists each call of want with its
+// resolution, ended by tool:gate-1.
+func rogue45dWantEndedByGate(t *testing.T, rec *tetherv1.ReconciliationRecord, whose string, want ...rogue45dEnd) {
+	t.Helper()
+	got := map[string]*tetherv1.RecordToolCall{}
+	for _, call := range rec.ToolCalls {
+		got[call.CallId] = call
+	}
+	for _, want := range want {
+		call := got[want.call]
+		switch {
+		case call == nil:
+			t.Errorf("%s record does not list %s", whose, want.what)
+		case call.Resolution != want.res || call.EndedBy != "tool:gate-1":
+			t.Errorf("%s record lists %s as %s ended by %q, want %s ended by tool:gate-1", whose, want.what, call.Resolution, call.EndedBy, want.res)
+		}
+	}
 }
 
 // TestRogue45DACarriedCancelHoldsTheDrainNoLongerThanItsWindows: the same

@@ -2,18 +2,14 @@ package controlplane_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
-
-	"connectrpc.com/connect"
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/etcdtest"
 	"github.com/tetherhq/tether/internal/store/etcdstore"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 // TestRogue46EACredentialRevokedOnOneReplicaEndsItsSilentStreamsOnOneThatRescans:
@@ -38,46 +34,7 @@ func TestRogue46EACredentialRevokedOnOneReplicaEndsItsSilentStreamsOnOneThatResc
 	lagB := &laggingStore{Store: stB}
 	b := testserver.Start(t, testserver.WithEtcdStore(stB, "replica-b"), func(cfg *controlplane.Config) { cfg.Store = lagB })
 
-	// A guard against a stream that stays open hanging the test; nothing
-	// waits for it to pass.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	adminA := a.AdminClients()
-	root := register(t, adminA, "planner")
-	parent := a.Clients(root.Credential)
-	worker := spawn(t, parent, root.Node.NodeId, "worker")
-	canary := spawn(t, parent, root.Node.NodeId, "canary")
-	rogueOnB := openSilentStreams(t, ctx, b.Clients(worker.Credential), worker.Node.NodeId)
-	witnessOnB := openSilentStreams(t, ctx, b.Clients(canary.Credential), canary.Node.NodeId)
-
-	// B's feed hears nothing of the store from here on; its reads and
-	// writes go on.
-	release := sync.OnceFunc(lagB.hold("grantstore.(*Service).followFeed"))
-	defer release()
-	if n := lagB.lag("grantstore.(*Service).followFeed"); n != 1 {
-		t.Fatalf("lagged %d store watches of B's revocation feed, want its one", n)
-	}
-	testserver.WaitFor(t, 30*time.Second, "B's feed to ask for a new watch", func() bool { return lagB.holding("grantstore.(*Service).followFeed") >= 1 })
-	if _, err := adminA.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{Token: worker.Credential, Reason: "leaked in a build log"})); err != nil {
-		t.Fatalf("revoking the worker's credential by value on A: %v", err)
-	}
-	wantLimit(t, "a call with the revoked credential on B while its feed rescans", whoAmI(b.Clients(worker.Credential)), connect.CodeUnauthenticated, "revoked")
-	release()
-
-	// B's feed rescans, then follows its new watch, which publishes the
-	// canary's revocation: once the canary's streams on B have ended, B's
-	// feed is past its rescan.
-	if _, err := adminA.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{Token: canary.Credential, Reason: "a witness"})); err != nil {
-		t.Fatal(err)
-	}
-	if n, sig, ses := witnessOnB.ends(); n != 2 || ctx.Err() != nil {
-		t.Fatalf("the canary's streams on B after its revocation on A: signals %v, session %v; want both ended unauthenticated", sig, ses)
-	}
-	n, sig, ses := rogueOnB.ends()
-	t.Logf("the revoked credential's silent streams on B, after its rescan: %d of 2 ended unauthenticated (signals %v, session %v; the guard: %v)", n, sig, ses, ctx.Err())
-	if n != 2 || ctx.Err() != nil {
-		t.Fatalf("%d of the 2 silent streams on B of a credential revoked on A while B's feed rescanned ended, want 2: B's rescan published nothing", n)
-	}
+	revokeWhileTheFeedRescans(t, a, b, lagB)
 }
 
 // TestRogue46EACredentialRefreshedOnOneReplicaDiesWithItsRevocationOnAnother:
@@ -102,24 +59,7 @@ func TestRogue46EACredentialRefreshedOnOneReplicaDiesWithItsRevocationOnAnother(
 	// waits for it to pass.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	adminA := a.AdminClients()
-	root := register(t, adminA, "planner")
-	worker := spawn(t, a.Clients(root.Credential), root.Node.NodeId, "worker")
-	node := worker.Node.NodeId
-	leaked, err := openSessionIn(t, ctx, b.Clients(worker.Credential), node)
-	if err != nil {
-		t.Fatalf("the session's first message on B: %v; want opened", err)
-	}
-	clk.Advance(11 * time.Minute) // of 15: 4 minutes left
-	fresh, err := leaked.refreshed()
-	if err != nil || fresh == "" {
-		t.Fatalf("a heartbeat on B with a third of the credential's life left: %q, %v; want a fresh credential", fresh, err)
-	}
-	held := openSilentStreams(t, ctx, b.Clients(fresh), node)
-
-	if _, err := adminA.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{Token: worker.Credential, Reason: "leaked in a build log"})); err != nil {
-		t.Fatalf("revoking the leaked credential by value on A: %v", err)
-	}
+	_, _, fresh, held := refreshThenRevoke(t, ctx, clk, a, b)
 	servedA := whoAmI(a.Clients(fresh)) == nil
 	// B ends the fresh credential's streams as its feed publishes the
 	// revocation: after that, its calls on B are refused from its set.

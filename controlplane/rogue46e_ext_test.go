@@ -84,45 +84,59 @@ func TestRogue46EACredentialRevokedWhileTheFeedRescansEndsItsSilentStreams(t *te
 	t.Cleanup(func() { b.Close() }) // after the server stops (cleanups run last-in first-out)
 	st := &laggingStore{Store: b}
 	srv := testserver.Start(t, func(cfg *controlplane.Config) { cfg.Store = st })
+	revokeWhileTheFeedRescans(t, srv, srv, st)
+}
+
+// revokeWhileTheFeedRescans plays the rescan scenario of the rogue46e
+// tests: a worker's and a canary's credentials, minted on issuer, hold
+// silent streams open on holder, whose store (lag) holds its revocation
+// feed's new watch down across the worker's revocation by value on
+// issuer. It fails the test unless holder refuses the worker's next call
+// and, once its feed has published the canary's later revocation (both
+// the canary's streams ended), has ended both the worker's streams
+// unauthenticated. issuer and holder may be one server.
+func revokeWhileTheFeedRescans(t *testing.T, issuer, holder *testserver.Server, lag *laggingStore) {
+	t.Helper()
 	// A guard against a stream that stays open hanging the test; nothing
 	// waits for it to pass.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	admin := srv.AdminClients()
+	admin := issuer.AdminClients()
 	root := register(t, admin, "planner")
-	parent := srv.Clients(root.Credential)
+	parent := issuer.Clients(root.Credential)
 	worker := spawn(t, parent, root.Node.NodeId, "worker")
 	canary := spawn(t, parent, root.Node.NodeId, "canary")
-	rogue := openSilentStreams(t, ctx, srv.Clients(worker.Credential), worker.Node.NodeId)
-	witness := openSilentStreams(t, ctx, srv.Clients(canary.Credential), canary.Node.NodeId)
+	rogue := openSilentStreams(t, ctx, holder.Clients(worker.Credential), worker.Node.NodeId)
+	witness := openSilentStreams(t, ctx, holder.Clients(canary.Credential), canary.Node.NodeId)
 
-	// The feed's watch falls behind; its new watch is held down across
-	// the revocation.
-	release := sync.OnceFunc(st.hold("grantstore.(*Service).followFeed"))
+	// The holder's feed hears nothing of the store from here on (its
+	// watch falls behind; its new watch is held down across the
+	// revocation); its reads and writes go on.
+	release := sync.OnceFunc(lag.hold("grantstore.(*Service).followFeed"))
 	defer release()
-	if n := st.lag("grantstore.(*Service).followFeed"); n != 1 {
-		t.Fatalf("lagged %d store watches of the revocation feed, want its one", n)
+	if n := lag.lag("grantstore.(*Service).followFeed"); n != 1 {
+		t.Fatalf("lagged %d store watches of the holder's revocation feed, want its one", n)
 	}
-	testserver.WaitFor(t, 30*time.Second, "the feed to ask for a new watch", func() bool { return st.holding("grantstore.(*Service).followFeed") >= 1 })
+	testserver.WaitFor(t, 30*time.Second, "the holder's feed to ask for a new watch", func() bool { return lag.holding("grantstore.(*Service).followFeed") >= 1 })
 	if _, err := admin.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{Token: worker.Credential, Reason: "leaked in a build log"})); err != nil {
-		t.Fatalf("revoking the worker's credential by value: %v", err)
+		t.Fatalf("revoking the worker's credential by value on the issuer: %v", err)
 	}
-	wantLimit(t, "a call with the revoked credential", whoAmI(srv.Clients(worker.Credential)), connect.CodeUnauthenticated, "revoked")
+	wantLimit(t, "a call with the revoked credential on the holder while its feed rescans", whoAmI(holder.Clients(worker.Credential)), connect.CodeUnauthenticated, "revoked")
 	release()
 
-	// The feed rescans, then follows its new watch, which publishes the
-	// canary's revocation: once the canary's streams have ended, the
-	// feed is past its rescan.
+	// The holder's feed rescans, then follows its new watch, which
+	// publishes the canary's revocation: once the canary's streams on the
+	// holder have ended, its feed is past its rescan.
 	if _, err := admin.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{Token: canary.Credential, Reason: "a witness"})); err != nil {
 		t.Fatal(err)
 	}
 	if n, sig, ses := witness.ends(); n != 2 || ctx.Err() != nil {
-		t.Fatalf("the canary's streams after its revocation: signals %v, session %v; want both ended unauthenticated", sig, ses)
+		t.Fatalf("the canary's streams on the holder after its revocation: signals %v, session %v; want both ended unauthenticated", sig, ses)
 	}
 	n, sig, ses := rogue.ends()
-	t.Logf("the revoked credential's silent streams, after the rescan: %d of 2 ended unauthenticated (signals %v, session %v; the guard: %v)", n, sig, ses, ctx.Err())
+	t.Logf("the revoked credential's silent streams on the holder, after its rescan: %d of 2 ended unauthenticated (signals %v, session %v; the guard: %v)", n, sig, ses, ctx.Err())
 	if n != 2 || ctx.Err() != nil {
-		t.Fatalf("%d of the 2 silent streams of a credential revoked while the feed rescanned ended, want 2: the rescan published nothing", n)
+		t.Fatalf("%d of the 2 silent streams of a credential revoked while the holder's feed rescanned ended, want 2: the rescan published nothing", n)
 	}
 }
 
@@ -141,29 +155,12 @@ func TestRogue46EACredentialRefreshedBeforeItsRevocationDiesWithIt(t *testing.T)
 	clk := clock.NewManual(epoch)
 	srv := testserver.Start(t, testserver.WithClock(clk))
 	admin := srv.AdminClients()
-	root := register(t, admin, "planner")
-	worker := spawn(t, srv.Clients(root.Credential), root.Node.NodeId, "worker")
-	node := worker.Node.NodeId
-
 	// A guard against a stream that stays open hanging the test; nothing
 	// waits for it to pass.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	leaked, err := openSessionIn(t, ctx, srv.Clients(worker.Credential), node)
-	if err != nil {
-		t.Fatalf("the session's first message: %v; want opened", err)
-	}
-	clk.Advance(11 * time.Minute) // of 15: 4 minutes left
-	fresh, err := leaked.refreshed()
-	if err != nil || fresh == "" {
-		t.Fatalf("a heartbeat with a third of the credential's life left: %q, %v; want a fresh credential", fresh, err)
-	}
-	held := openSilentStreams(t, ctx, srv.Clients(fresh), node)
-
-	if _, err := admin.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{Token: worker.Credential, Reason: "leaked in a build log"})); err != nil {
-		t.Fatalf("revoking the leaked credential by value: %v", err)
-	}
-	wantLimit(t, "a call with the leaked credential", whoAmI(srv.Clients(worker.Credential)), connect.CodeUnauthenticated, "revoked")
+	node, leaked, fresh, held := refreshThenRevoke(t, ctx, clk, srv, srv)
+	wantLimit(t, "a call with the leaked credential", whoAmI(srv.Clients(leaked)), connect.CodeUnauthenticated, "revoked")
 
 	const calls = 3
 	served := 0
@@ -191,6 +188,37 @@ func TestRogue46EACredentialRefreshedBeforeItsRevocationDiesWithIt(t *testing.T)
 	if n := getNode(t, admin, node); n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
 		t.Fatalf("the worker after its credential's revocation: %v, want running", n.State)
 	}
+}
+
+// refreshThenRevoke plays the refresh scenario of the rogue46e tests: a
+// worker spawned on issuer opens its session on holder with its
+// credential (the leaked one), is handed a fresh credential there with a
+// third of the leaked one's life left (clk, the servers' clock, moves 11
+// of its 15 minutes), and holds the fresh credential's silent streams
+// open on holder; the leaked credential is then revoked by value on
+// issuer. It returns the worker's node, the leaked and the fresh
+// credential, and the held streams. issuer and holder may be one server.
+func refreshThenRevoke(t *testing.T, ctx context.Context, clk *clock.Manual, issuer, holder *testserver.Server) (node, leaked, fresh string, held *silentStreams) {
+	t.Helper()
+	admin := issuer.AdminClients()
+	root := register(t, admin, "planner")
+	worker := spawn(t, issuer.Clients(root.Credential), root.Node.NodeId, "worker")
+	node, leaked = worker.Node.NodeId, worker.Credential
+	session, err := openSessionIn(t, ctx, holder.Clients(leaked), node)
+	if err != nil {
+		t.Fatalf("the session's first message on the holder: %v; want opened", err)
+	}
+	clk.Advance(11 * time.Minute) // of 15: 4 minutes left
+	fresh, err = session.refreshed()
+	if err != nil || fresh == "" {
+		t.Fatalf("a heartbeat on the holder with a third of the credential's life left: %q, %v; want a fresh credential", fresh, err)
+	}
+	held = openSilentStreams(t, ctx, holder.Clients(fresh), node)
+
+	if _, err := admin.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{Token: leaked, Reason: "leaked in a build log"})); err != nil {
+		t.Fatalf("revoking the leaked credential by value on the issuer: %v", err)
+	}
+	return node, leaked, fresh, held
 }
 
 // refreshed sends one heartbeat and returns the fresh credential the

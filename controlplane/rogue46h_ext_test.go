@@ -1,11 +1,8 @@
 package controlplane_test
 
 import (
-	"context"
 	"testing"
 	"time"
-
-	"connectrpc.com/connect"
 
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
@@ -31,7 +28,6 @@ import (
 // orders the cancels, the witness keeps its time to answer.
 func TestRogue46HAnOwnZeroWindowAbortDoesNotSilenceTheGate(t *testing.T) {
 	w := newSeedWorld(t)
-	ctx := context.Background()
 	c := w.c.Node.NodeId
 	cancelled, paid := rogue45dBegin(t, w, w.gC.token), rogue45dBegin(t, w, w.gC.token)
 
@@ -40,18 +36,7 @@ func TestRogue46HAnOwnZeroWindowAbortDoesNotSilenceTheGate(t *testing.T) {
 	waitState(t, w.srv, rogue.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_ABORTING)
 
 	// The gate answers at once, at the instant of the order.
-	accepted := 0
-	if _, err := w.gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: cancelled, GateId: "gate-1"})); err != nil {
-		t.Errorf("the gate's acknowledgement of C's cancelled call, at the instant of the order: %v", err)
-	} else {
-		accepted++
-	}
-	if _, err := w.gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: paid, GateId: "gate-1"})); err != nil {
-		t.Errorf("the gate's report that C's payment completed, at the instant of the order: %v", err)
-	} else {
-		accepted++
-	}
-	t.Logf("the gate's reports accepted: %d of 2", accepted)
+	rogue45dGateAnswers(t, w, cancelled, paid, "at the instant of the order")
 
 	waitState(t, w.srv, rogue.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
 	w.clk.Advance(time.Minute)
@@ -61,25 +46,9 @@ func TestRogue46HAnOwnZeroWindowAbortDoesNotSilenceTheGate(t *testing.T) {
 	}
 
 	rec := record(t, w.admin, rogue.TerminationId)
-	got := map[string]*tetherv1.RecordToolCall{}
-	for _, call := range rec.ToolCalls {
-		got[call.CallId] = call
-	}
-	for _, want := range []struct {
-		call, what string
-		res        tetherv1.CallResolution
-	}{
-		{cancelled, "C's cancelled call", tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED},
-		{paid, "C's payment", tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED},
-	} {
-		call := got[want.call]
-		switch {
-		case call == nil:
-			t.Errorf("the rogue's record does not list %s", want.what)
-		case call.Resolution != want.res || call.EndedBy != "tool:gate-1":
-			t.Errorf("the rogue's record lists %s as %s ended by %q, want %s ended by tool:gate-1", want.what, call.Resolution, call.EndedBy, want.res)
-		}
-	}
+	rogue45dWantEndedByGate(t, rec, "the rogue's",
+		rogue45dEnd{cancelled, "C's cancelled call", tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED},
+		rogue45dEnd{paid, "C's payment", tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED})
 }
 
 // TestRogue46HAnOwnAbortStillClosesASilentGatesCallAtItsWindow: the floor

@@ -118,17 +118,9 @@ func exists(dir, name string) func() bool {
 // waiting), and returns the record's one call of runs/put.
 func abortRecord(t *testing.T, w *world, dir string, then func()) *tetherv1.RecordToolCall {
 	t.Helper()
-	term := terminate(t, w, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Hour)
-	testserver.WaitFor(t, guardWait, "the upstream to hear the call cancelled", exists(dir, "cancelled"))
-	then()
-	waitState(t, w, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
-	confirmExit(t, w)
-	waitState(t, w, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
-	calls := callsByTool(t, recordOf(t, w, term.TerminationId))
-	if len(calls["runs/put"]) != 1 {
-		t.Fatalf("record: %v, want one call of runs/put", calls)
-	}
-	return calls["runs/put"][0]
+	return abortRecordAfter(t, w, func() {
+		testserver.WaitFor(t, guardWait, "the upstream to hear the call cancelled", exists(dir, "cancelled"))
+	}, then)
 }
 
 // A rogue stdio upstream that ignores notifications/cancelled and answers

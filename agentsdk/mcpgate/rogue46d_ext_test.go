@@ -116,8 +116,18 @@ func httpRunsOnWorld(t *testing.T, mode answerMode) (w *world, clk *clock.Manual
 // runs/put.
 func httpAbortRecord(t *testing.T, w *world, up *httpRunsOn, then func()) *tetherv1.RecordToolCall {
 	t.Helper()
+	return abortRecordAfter(t, w, func() { recv(t, up.cancelled, "the upstream to hear the call cancelled") }, then)
+}
+
+// abortRecordAfter aborts the world's agent with no acknowledgement
+// window and an hour to confirm, waits for heard (the upstream has heard
+// the call cancelled), runs then, confirms the exit, and returns the
+// record's one call of runs/put. The stdio (linux) and Streamable HTTP
+// rogue upstreams share it.
+func abortRecordAfter(t *testing.T, w *world, heard, then func()) *tetherv1.RecordToolCall {
+	t.Helper()
 	term := terminate(t, w, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Hour)
-	recv(t, up.cancelled, "the upstream to hear the call cancelled")
+	heard()
 	then()
 	waitState(t, w, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
 	confirmExit(t, w)

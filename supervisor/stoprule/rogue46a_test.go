@@ -6,11 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/tetherhq/tether/capability"
-	"github.com/tetherhq/tether/internal/clock"
-	"github.com/tetherhq/tether/internal/etcdtest"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
@@ -76,11 +73,7 @@ func TestRogue46AAStartDoesNotReadTheRulesOfEndedSubtreesOnEtcd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
 	}
-	st := etcdtest.OpenStore(t, etcdtest.Start(t))
-	clk := clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	rules := &Rules{Store: st, Clock: clk}
-	rogue46aStartReadsLiveRulesOnly(t, &rogue31cRig{t: t, st: st, clk: clk, rules: rules,
-		agents: &tree.Tree{Store: st, Clock: clk, Observer: rules, Limits: tree.Limits{MaxDepth: 8, MaxChildren: 1000, MaxLabels: 4}}})
+	rogue46aStartReadsLiveRulesOnly(t, newRogue35kEtcdRig(t))
 }
 
 func rogue46aStartReadsLiveRulesOnly(t *testing.T, g *rogue31cRig) {

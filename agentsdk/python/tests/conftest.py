@@ -4,6 +4,7 @@ directory."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -179,16 +180,17 @@ def tree(server: Server, request: pytest.FixtureRequest):
     root.close()
 
 
-@pytest.fixture
-def draining(tree, gate):
-    """The tree's root draining, a call of its own held in flight so that
-    the drain stays open."""
+@contextlib.contextmanager
+def drain_holding_a_call(operator, gate, token, node_id):
+    """The operator drains node_id once a call made with token (the node's
+    own grant) is in flight at gate; the call is held open, and so the
+    drain, until the block ends."""
     from helpers import terminate  # helpers imports this module
 
     inside, release = threading.Event(), threading.Event()
 
     def holder():
-        with tool_gate(gate, "hold", token=tree.root_token):
+        with tool_gate(gate, "hold", token=token):
             inside.set()
             release.wait(30)
 
@@ -196,12 +198,20 @@ def draining(tree, gate):
     t.start()
     try:
         assert inside.wait(10)
-        terminate(tree.operator, tree.root.node_id, "drain", confirm="1s")
-        assert tree.root.draining.wait(10)
-        yield tree
+        terminate(operator, node_id, "drain", confirm="1s")
+        yield
     finally:
         release.set()
         t.join(30)
+
+
+@pytest.fixture
+def draining(tree, gate):
+    """The tree's root draining, a call of its own held in flight so that
+    the drain stays open."""
+    with drain_holding_a_call(tree.operator, gate, tree.root_token, tree.root.node_id):
+        assert tree.root.draining.wait(10)
+        yield tree
 
 
 def require_extra(module: str):

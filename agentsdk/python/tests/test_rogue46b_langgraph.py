@@ -10,18 +10,17 @@ scope it is given."""
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pytest
 
-from conftest import require_extra
-from helpers import terminate, wait_for
+from conftest import drain_holding_a_call, require_extra
+from helpers import wait_for
 
 require_extra("langgraph")
 
 from langchain_core.tools import tool  # noqa: E402
 
-from tether_agentsdk import ToolRefused, current_call, tool_gate  # noqa: E402
+from tether_agentsdk import ToolRefused, current_call  # noqa: E402
 from tether_agentsdk.adapters.langgraph import TetherGraph  # noqa: E402
 
 
@@ -49,24 +48,10 @@ def test_rogue46b_a_sub_agents_sub_agent_is_refused_while_the_sub_agent_drains(s
     assert ran == [("search", child.node_id, cgrant.grant_id)]
 
     # The operator drains the researcher, a call of its own held open.
-    inside, release = threading.Event(), threading.Event()
-
-    def holder():
-        with tool_gate(gate, "hold", token=pgrant.token):
-            inside.set()
-            release.wait(30)
-
-    t = threading.Thread(target=holder)
-    t.start()
-    try:
-        assert inside.wait(10)
-        terminate(tree.operator, parent.node_id, "drain", confirm="1s")
+    with drain_holding_a_call(tree.operator, gate, pgrant.token, parent.node_id):
         wait_for("the researcher draining", lambda: tree.operator.call(
             "AgentService", "GetNode", {"nodeId": parent.node_id})["node"]["state"] == "NODE_STATE_DRAINING")
         with pytest.raises(ToolRefused) as e:
             asyncio.run(gated.ainvoke({"q": "b"}))
         assert e.value.draining, e.value
         assert len(ran) == 1
-    finally:
-        release.set()
-        t.join(30)
