@@ -192,29 +192,8 @@ func TestALauncherDoesNotConfirmAnExitWhileTheRoguesGrandchildLives(t *testing.T
 		})
 		_ = os.Remove(freezer)
 	})
-	srv := testserver.Start(t)
-	admin := srv.AdminClients()
-	dir := t.TempDir()
-	pidFile, gate := filepath.Join(dir, "grandchild.pid"), filepath.Join(dir, "gate")
-	if err := syscall.Mkfifo(gate, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	env := []string{"TETHER_REAPER_ROLE=agent", "TETHER_REAPER_PIDFILE=" + pidFile, "TETHER_REAPER_GATE=" + gate}
-	rogue := agentsdk.Version{Name: "v1", Command: os.Args[0], Args: []string{"-test.run=^TestReaperHelperRogue$"}, Env: env}
-	benign := agentsdk.Version{Name: "v2", Command: "sleep", Args: []string{"600"}}
-	unproven := &logSignal{msg: "what the agent left behind is not proven gone", seen: make(chan struct{}, 1)}
-	l := runLauncher(t, srv, []agentsdk.Version{rogue, benign}, func(cfg *agentsdk.LauncherConfig) {
-		cfg.KillGrace, cfg.Log = 100*time.Millisecond, slog.New(unproven)
-	})
-	var first string
-	testserver.WaitFor(t, 30*time.Second, "the rogue's process to start", func() bool {
-		first, _ = l.Current()
-		return first != ""
-	})
-	pid, err := strconv.Atoi(strings.TrimSpace(readWhenThere(t, "the rogue to leave a grandchild behind", pidFile)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := launchRogue(t, 100*time.Millisecond, "^TestReaperHelperRogue$", "the rogue to leave a grandchild behind", "TETHER_REAPER_ROLE=agent")
+	admin, gate, unproven, first, pid := r.admin, r.gate, r.unproven, r.node, r.pid
 	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
 	if err := os.WriteFile(filepath.Join(freezer, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
 		t.Fatal(err)
@@ -242,6 +221,48 @@ func TestALauncherDoesNotConfirmAnExitWhileTheRoguesGrandchildLives(t *testing.T
 	if alive(pid) {
 		t.Errorf("the launcher confirmed node %s's exit while the rogue's grandchild (pid %d) runs on", first, pid)
 	}
+}
+
+// launchedRogue is a rogue agent process (this test binary, run as the
+// helper its environment names) started by a real Launcher ahead of a
+// benign next version, with what it wrote to its pid file once it did.
+type launchedRogue struct {
+	admin    *testserver.Clients
+	gate     string     // the fifo the rogue waits on before it exits
+	unproven *logSignal // the launcher's log of an exit not proven
+	node     string     // the rogue's node
+	pid      int        // the pid (or group) the rogue wrote
+}
+
+// launchRogue starts a server and a launcher whose first version is this
+// test binary run with -test.run=run and env (beside its pid file and
+// gate), its kill grace grace, and waits for the rogue to start and to
+// write its pid file (what: what the wait is for).
+func launchRogue(t *testing.T, grace time.Duration, run, what string, env ...string) launchedRogue {
+	t.Helper()
+	srv := testserver.Start(t)
+	dir := t.TempDir()
+	pidFile, gate := filepath.Join(dir, "rogue.pid"), filepath.Join(dir, "gate")
+	if err := syscall.Mkfifo(gate, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env = append([]string{"TETHER_REAPER_PIDFILE=" + pidFile, "TETHER_REAPER_GATE=" + gate}, env...)
+	rogue := agentsdk.Version{Name: "v1", Command: os.Args[0], Args: []string{"-test.run=" + run}, Env: env}
+	benign := agentsdk.Version{Name: "v2", Command: "sleep", Args: []string{"600"}}
+	unproven := &logSignal{msg: "what the agent left behind is not proven gone", seen: make(chan struct{}, 1)}
+	l := runLauncher(t, srv, []agentsdk.Version{rogue, benign}, func(cfg *agentsdk.LauncherConfig) {
+		cfg.KillGrace, cfg.Log = grace, slog.New(unproven)
+	})
+	var first string
+	testserver.WaitFor(t, 30*time.Second, "the rogue's process to start", func() bool {
+		first, _ = l.Current()
+		return first != ""
+	})
+	pid, err := strconv.Atoi(strings.TrimSpace(readWhenThere(t, what, pidFile)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return launchedRogue{admin: srv.AdminClients(), gate: gate, unproven: unproven, node: first, pid: pid}
 }
 
 // letTheAgentExit opens the helper agent's gate (a FIFO it waits on before

@@ -4,7 +4,6 @@ package agentsdk_test
 
 import (
 	"encoding/json"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane/testserver"
 )
 
@@ -80,29 +78,8 @@ func liveThreads(pid int) int {
 // zombie but that has a thread left is now a live process: killed (the
 // signal reaches the whole thread group), reaped, and the exit confirmed.
 func TestRogue41LALeaderlessEscapeeIsKilledBeforeTheExitIsConfirmed(t *testing.T) {
-	srv := testserver.Start(t)
-	admin := srv.AdminClients()
-	dir := t.TempDir()
-	pidFile, gate := filepath.Join(dir, "grandchild.pid"), filepath.Join(dir, "gate")
-	if err := syscall.Mkfifo(gate, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	env := []string{"TETHER_REAPER_ROLE=agent", "TETHER_REAPER_PIDFILE=" + pidFile, "TETHER_REAPER_GATE=" + gate, "TETHER_REAPER_LEADERLESS=1"}
-	rogue := agentsdk.Version{Name: "v1", Command: os.Args[0], Args: []string{"-test.run=^TestReaperHelperRogue$"}, Env: env}
-	benign := agentsdk.Version{Name: "v2", Command: "sleep", Args: []string{"600"}}
-	unproven := &logSignal{msg: "what the agent left behind is not proven gone", seen: make(chan struct{}, 1)}
-	l := runLauncher(t, srv, []agentsdk.Version{rogue, benign}, func(cfg *agentsdk.LauncherConfig) {
-		cfg.KillGrace, cfg.Log = time.Second, slog.New(unproven)
-	})
-	var first string
-	testserver.WaitFor(t, 30*time.Second, "the rogue's process to start", func() bool {
-		first, _ = l.Current()
-		return first != ""
-	})
-	pid, err := strconv.Atoi(strings.TrimSpace(readWhenThere(t, "the rogue to leave a grandchild behind", pidFile)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := launchRogue(t, time.Second, "^TestReaperHelperRogue$", "the rogue to leave a grandchild behind", "TETHER_REAPER_ROLE=agent", "TETHER_REAPER_LEADERLESS=1")
+	admin, gate, unproven, first, pid := r.admin, r.gate, r.unproven, r.node, r.pid
 	t.Cleanup(func() {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 		var ws syscall.WaitStatus

@@ -4,18 +4,12 @@ package agentsdk_test
 
 import (
 	"io"
-	"log/slog"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/tetherhq/tether/agentsdk"
-	"github.com/tetherhq/tether/controlplane/testserver"
 )
 
 // rogue46fChains is how many runners side by side the rogue of
@@ -110,29 +104,8 @@ func groupLeft(pgrp int) bool {
 // it saw is an orphan's (or below one): the kernel signals a group whole,
 // a fork under way included. The runners are gone and the exit confirmed.
 func TestRogue46FARunnerThatForksAndExitsInALoopIsKilledBeforeTheExitIsConfirmed(t *testing.T) {
-	srv := testserver.Start(t)
-	admin := srv.AdminClients()
-	dir := t.TempDir()
-	pidFile, gate := filepath.Join(dir, "runner.pid"), filepath.Join(dir, "gate")
-	if err := syscall.Mkfifo(gate, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	env := []string{"TETHER_REAPER_ROLE=runner46f", "TETHER_REAPER_PIDFILE=" + pidFile, "TETHER_REAPER_GATE=" + gate}
-	rogue := agentsdk.Version{Name: "v1", Command: os.Args[0], Args: []string{"-test.run=^$"}, Env: env}
-	benign := agentsdk.Version{Name: "v2", Command: "sleep", Args: []string{"600"}}
-	unproven := &logSignal{msg: "what the agent left behind is not proven gone", seen: make(chan struct{}, 1)}
-	l := runLauncher(t, srv, []agentsdk.Version{rogue, benign}, func(cfg *agentsdk.LauncherConfig) {
-		cfg.KillGrace, cfg.Log = 2*time.Second, slog.New(unproven)
-	})
-	var first string
-	testserver.WaitFor(t, 30*time.Second, "the rogue's process to start", func() bool {
-		first, _ = l.Current()
-		return first != ""
-	})
-	group, err := strconv.Atoi(strings.TrimSpace(readWhenThere(t, "the rogue to leave its runners behind", pidFile)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := launchRogue(t, 2*time.Second, "^$", "the rogue to leave its runners behind", "TETHER_REAPER_ROLE=runner46f")
+	admin, gate, unproven, first, group := r.admin, r.gate, r.unproven, r.node, r.pid
 	// The kernel signals the whole group at once: the runners end here
 	// whatever the launcher did.
 	t.Cleanup(func() { _ = syscall.Kill(-group, syscall.SIGKILL) })
