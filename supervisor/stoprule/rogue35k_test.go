@@ -34,6 +34,11 @@ func (g *rogue31cRig) closeCall(c *ledger.ToolCall) {
 
 func newRogue35kEtcdRig(t *testing.T) *rogue31cRig {
 	t.Helper()
+	if testing.Short() {
+		// By design: -short leaves out the tests on a real etcd (each
+		// starts its own member); make test and CI run them.
+		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
+	}
 	st := etcdtest.OpenStore(t, etcdtest.Start(t))
 	clk := clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	rules := &Rules{Store: st, Clock: clk}
@@ -60,9 +65,6 @@ func TestRogue35KCallsKeptOpenAcrossChildrenCountAgainstTheSubtree(t *testing.T)
 // TestRogue35KCallsKeptOpenAcrossChildrenCountAgainstTheSubtreeOnEtcd is
 // the same on etcd.
 func TestRogue35KCallsKeptOpenAcrossChildrenCountAgainstTheSubtreeOnEtcd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
-	}
 	rogue35kOpenAcrossChildren(t, newRogue35kEtcdRig(t))
 }
 
@@ -195,9 +197,6 @@ func TestRogue35KSubtreeCallsInFlightIsExactWhateverTheOrder(t *testing.T) {
 // TestRogue35KSubtreeCallsInFlightIsExactWhateverTheOrderOnEtcd is the
 // same on etcd.
 func TestRogue35KSubtreeCallsInFlightIsExactWhateverTheOrderOnEtcd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
-	}
 	rogue35kInFlightExact(t, newRogue35kEtcdRig(t), 120)
 }
 

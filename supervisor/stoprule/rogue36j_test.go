@@ -161,9 +161,6 @@ func TestRogue36JARogueChurningCallsBesideOneOpenIsJudgedWithoutItsEndedKeys(t *
 // TestRogue36JARogueChurningCallsBesideOneOpenIsJudgedWithoutItsEndedKeysOnEtcd
 // is the same on etcd.
 func TestRogue36JARogueChurningCallsBesideOneOpenIsJudgedWithoutItsEndedKeysOnEtcd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
-	}
 	rogue36jChurn(t, newRogue35kEtcdRig(t))
 }
 
@@ -206,9 +203,6 @@ func TestRogue36JOwnCallTimeIsExactWhateverTheOrder(t *testing.T) {
 // TestRogue36JOwnCallTimeIsExactWhateverTheOrderOnEtcd is the same on
 // etcd, shorter.
 func TestRogue36JOwnCallTimeIsExactWhateverTheOrderOnEtcd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
-	}
 	rogue36jExact(t, newRogue35kEtcdRig(t), 120)
 }
 

@@ -68,9 +68,6 @@ func TestRogue37FRulesAttachedJustBeforeTheirNodeEndedAreNotHeld(t *testing.T) {
 // TestRogue37FRulesAttachedJustBeforeTheirNodeEndedAreNotHeldOnEtcd is
 // the same on etcd.
 func TestRogue37FRulesAttachedJustBeforeTheirNodeEndedAreNotHeldOnEtcd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
-	}
 	rogue37fLateRulesNotHeld(t, newRogue35kEtcdRig(t))
 }
 
@@ -191,9 +188,6 @@ func TestRogue37FABurstSplitAmongChildrenIsSeenAtItsPeak(t *testing.T) {
 // TestRogue37FABurstSplitAmongChildrenIsSeenAtItsPeakOnEtcd is the same
 // on etcd.
 func TestRogue37FABurstSplitAmongChildrenIsSeenAtItsPeakOnEtcd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
-	}
 	rogue37fBurstSeen(t, newRogue35kEtcdRig(t))
 }
 

@@ -135,9 +135,6 @@ func TestRogue38FARescanDoesNotResetTheSubtreesPeak(t *testing.T) {
 // TestRogue38FARescanDoesNotResetTheSubtreesPeakOnEtcd is the same on
 // etcd.
 func TestRogue38FARescanDoesNotResetTheSubtreesPeakOnEtcd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
-	}
 	rogue38fRescan(t, newRogue35kEtcdRig(t))
 }
 
@@ -205,9 +202,6 @@ func TestRogue38FTheSubtreesPeakSurvivesALeaderChange(t *testing.T) {
 // TestRogue38FTheSubtreesPeakSurvivesALeaderChangeOnEtcd is the same on
 // etcd.
 func TestRogue38FTheSubtreesPeakSurvivesALeaderChangeOnEtcd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
-	}
 	rogue38fLeaderChange(t, newRogue35kEtcdRig(t))
 }
 

@@ -38,9 +38,6 @@ func TestRogue39FABurstBeforeTheCountsSnapshotIsSeen(t *testing.T) {
 // TestRogue39FABurstBeforeTheCountsSnapshotIsSeenOnEtcd is the same on
 // etcd.
 func TestRogue39FABurstBeforeTheCountsSnapshotIsSeenOnEtcd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
-	}
 	rogue39fBurstBeforeSnapshot(t, newRogue35kEtcdRig(t))
 }
 
@@ -124,9 +121,6 @@ func TestRogue39FABurstOfAFreshNodeBeforeItsSpawnIsReadIsSeen(t *testing.T) {
 // TestRogue39FABurstOfAFreshNodeBeforeItsSpawnIsReadIsSeenOnEtcd is the
 // same on etcd.
 func TestRogue39FABurstOfAFreshNodeBeforeItsSpawnIsReadIsSeenOnEtcd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
-	}
 	rogue39fFreshNode(t, newRogue35kEtcdRig(t))
 }
 

@@ -38,9 +38,6 @@ func TestRogue40JABurstTheWatchHasNotHandedYetIsSeen(t *testing.T) {
 // TestRogue40JABurstTheWatchHasNotHandedYetIsSeenOnEtcd is the same on
 // etcd.
 func TestRogue40JABurstTheWatchHasNotHandedYetIsSeenOnEtcd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
-	}
 	rogue40jBurstNotHandedYet(t, newRogue35kEtcdRig(t))
 }
 
@@ -93,9 +90,6 @@ func TestRogue40JABurstBetweenARescansWatchAndItsScanIsSeen(t *testing.T) {
 // TestRogue40JABurstBetweenARescansWatchAndItsScanIsSeenOnEtcd is the
 // same on etcd.
 func TestRogue40JABurstBetweenARescansWatchAndItsScanIsSeenOnEtcd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
-	}
 	rogue40jBurstBeforeRescan(t, newRogue35kEtcdRig(t))
 }
 

@@ -70,9 +70,6 @@ func TestRogue46AAStartDoesNotReadTheRulesOfEndedSubtrees(t *testing.T) {
 // TestRogue46AAStartDoesNotReadTheRulesOfEndedSubtreesOnEtcd is the same
 // on etcd.
 func TestRogue46AAStartDoesNotReadTheRulesOfEndedSubtreesOnEtcd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
-	}
 	rogue46aStartReadsLiveRulesOnly(t, newRogue35kEtcdRig(t))
 }
 
