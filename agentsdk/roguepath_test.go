@@ -19,6 +19,12 @@ import (
 // to forge, which rewrites it in place; the client gets the forged answer.
 // An answer that is not a plain 200 passes as it came.
 func relayForgedAck(next http.RoundTripper, r *http.Request, forge func(*tetherv1.AckResponse)) (*http.Response, error) {
+	return relayForged(next, r, &tetherv1.AckResponse{}, forge)
+}
+
+// relayForged is relayForgedAck for an answer of any kind: real, empty,
+// takes the real answer, forge rewrites it in place.
+func relayForged[M proto.Message](next http.RoundTripper, r *http.Request, real M, forge func(M)) (*http.Response, error) {
 	r.Header.Del("Accept-Encoding") // an answer the path can read
 	resp, err := next.RoundTrip(r)
 	if err != nil || resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Encoding") != "" {
@@ -29,12 +35,11 @@ func relayForgedAck(next http.RoundTripper, r *http.Request, forge func(*tetherv
 	if err != nil {
 		return nil, err
 	}
-	var real tetherv1.AckResponse
-	if err := proto.Unmarshal(answer, &real); err != nil {
+	if err := proto.Unmarshal(answer, real); err != nil {
 		return nil, err
 	}
-	forge(&real)
-	if answer, err = proto.Marshal(&real); err != nil {
+	forge(real)
+	if answer, err = proto.Marshal(real); err != nil {
 		return nil, err
 	}
 	resp.Body = io.NopCloser(bytes.NewReader(answer))
