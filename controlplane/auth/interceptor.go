@@ -324,7 +324,12 @@ func (i *Interceptor) Authenticate(ctx context.Context, procedure string, header
 // share of the cache (TokenCache), so that a lineage spawning thousands of
 // children does not push other lineages' tokens out.
 func (i *Interceptor) MintAgent(nodeID, lineage string, now time.Time, ttl time.Duration) (token string, exp time.Time, err error) {
-	token, m, err := i.Issuer.minted(AudienceAgent, nodeID, "", now, ttl)
+	return i.mintAgentAs(newTokenID(), nodeID, lineage, now, ttl)
+}
+
+// mintAgentAs is MintAgent's credential of id.
+func (i *Interceptor) mintAgentAs(id, nodeID, lineage string, now time.Time, ttl time.Duration) (token string, exp time.Time, err error) {
+	token, m, err := i.Issuer.mintedAs(id, AudienceAgent, nodeID, "", now, ttl)
 	if err != nil {
 		return "", time.Time{}, err
 	}
@@ -347,12 +352,7 @@ func (i *Interceptor) RefreshAgent(p Principal, now time.Time, ttl time.Duration
 	if id == "" {
 		id = newTokenID()
 	}
-	token, m, err := i.Issuer.mintedAs(id, AudienceAgent, p.Subject, "", now, ttl)
-	if err != nil {
-		return "", time.Time{}, err
-	}
-	i.Cache.minted(token, m, p.Lineage, now)
-	return token, m.exp, nil
+	return i.mintAgentAs(id, p.Subject, p.Lineage, now, ttl)
 }
 
 // MintOperator is Issuer.MintOperator, the token remembered as MintAgent's.
