@@ -10,12 +10,11 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
-import { Agent as OpenAIAgent, setTracingDisabled, tool } from "@openai/agents";
+import { Agent as OpenAIAgent, setTracingDisabled } from "@openai/agents";
 import { ScriptedModel, assistantMessage, functionCall } from "@openai/agents/testing";
-import { z } from "zod";
 
 import { runTethered } from "../src/adapters/openai-agents.js";
-import { type ToolCall } from "../src/index.js";
+import { echo } from "./echo.js";
 import { startServer, TestServer } from "./server.js";
 
 setTracingDisabled(true);
@@ -27,14 +26,9 @@ after(async () => {
   await server?.stop();
 });
 
-const echo = (name: string) =>
-  tool({ name, description: name, parameters: z.object({ x: z.string() }), execute: async ({ x }) => `${name} ${x}` });
-
 describe("rogue45J: a handoff target reached along two paths", () => {
   test("runs each time as the child its own handoff spawned, under the agent that handed off", async () => {
-    const recorded: ToolCall[] = [];
-    const gate = await server.gate("r45j-gate-1", { onRecorded: (c) => recorded.push(c) });
-    const scope = await server.rootScope("triage", gate, ["tool:*"]);
+    const { recorded, gate, scope } = await server.recordedRootScope("r45j-gate-1", "triage", ["tool:*"]);
     const all = ["tool:lookup", "tool:edit", "tool:publish"];
     // One script for every agent: the run's turns in order.
     const model = new ScriptedModel([
@@ -68,9 +62,7 @@ describe("rogue45J: a handoff target reached along two paths", () => {
   });
 
   test("a target first reached through a second handoff runs its tools as that handoff's child", async () => {
-    const recorded: ToolCall[] = [];
-    const gate = await server.gate("r45j-gate-2", { onRecorded: (c) => recorded.push(c) });
-    const scope = await server.rootScope("triage", gate, ["tool:*"]);
+    const { recorded, gate, scope } = await server.recordedRootScope("r45j-gate-2", "triage", ["tool:*"]);
     const model = new ScriptedModel([
       [functionCall("transfer_to_editor", {}, { callId: "1" })],
       [functionCall("transfer_to_writer", {}, { callId: "2" })],

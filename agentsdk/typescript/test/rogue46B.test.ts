@@ -16,7 +16,7 @@ import { ScriptedModel, assistantMessage, functionCall } from "@openai/agents/te
 import { z } from "zod";
 
 import { runTethered, tetherAgent, tetherAgentTool } from "../src/adapters/openai-agents.js";
-import { type ToolCall } from "../src/index.js";
+import { echo } from "./echo.js";
 import { startServer, TestServer } from "./server.js";
 
 setTracingDisabled(true);
@@ -78,9 +78,7 @@ describe("rogue46B: an agent run as a tool", () => {
   });
 
   test("tetherAgentTool runs the agent as a child of its caller, its tools refused while the run drains", async () => {
-    const recorded: ToolCall[] = [];
-    const gate = await server.gate("r46b-gate-2", { onRecorded: (c) => recorded.push(c) });
-    const scope = await server.rootScope("triage", gate, ["tool:*"]);
+    const { recorded, gate, scope } = await server.recordedRootScope("r46b-gate-2", "triage", ["tool:*"]);
     const model = script();
     const ran: string[] = [];
     const drainTheRun = async () => {
@@ -109,17 +107,13 @@ describe("rogue46B: an agent run as a tool", () => {
   });
 
   test("a handoff a handoff's target takes spawns under it with the default scopes", async () => {
-    const recorded: ToolCall[] = [];
-    const gate = await server.gate("r46b-gate-3", { onRecorded: (c) => recorded.push(c) });
-    const scope = await server.rootScope("triage", gate, ["tool:*"]);
+    const { recorded, gate, scope } = await server.recordedRootScope("r46b-gate-3", "triage", ["tool:*"]);
     const model = new ScriptedModel([
       [functionCall("transfer_to_writer", {}, { callId: "1" })],
       [functionCall("transfer_to_editor", {}, { callId: "2" })],
       [functionCall("publish", { x: "a" }, { callId: "3" })],
       [assistantMessage("done")],
     ]);
-    const echo = (name: string) =>
-      tool({ name, description: name, parameters: z.object({ x: z.string() }), execute: async ({ x }) => `${name} ${x}` });
     const editor = new OpenAIAgent({ name: "editor", instructions: "e", tools: [echo("publish")], model });
     const writer = new OpenAIAgent({ name: "writer", instructions: "w", tools: [echo("draft")], handoffs: [editor], model });
     const triage = new OpenAIAgent({ name: "triage", instructions: "t", handoffs: [writer], model });

@@ -11,7 +11,7 @@ import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 
 import { timestampDate } from "@bufbuild/protobuf/wkt";
-import { Agent, Conn, TetherScope, ToolGate, type Grant, type TokenSource, type ToolGateOptions } from "../src/index.js";
+import { Agent, Conn, TetherScope, ToolGate, type Grant, type TokenSource, type ToolCall, type ToolGateOptions } from "../src/index.js";
 import { TerminationMode } from "../src/gen/tether/v1/proposal_pb.js";
 import { TerminationState, type ReconciliationRecord } from "../src/gen/tether/v1/supervisor_pb.js";
 
@@ -145,6 +145,13 @@ export class TestServer {
     this.#cleanups.push(() => g.close());
     await g.ready;
     return g;
+  }
+
+  /** A gate recording each call it ends, in order, and a root scope through it: a framework run's start. */
+  async recordedRootScope(gateId: string, name: string, scopes?: string[]): Promise<{ recorded: ToolCall[]; gate: ToolGate; scope: TetherScope }> {
+    const recorded: ToolCall[] = [];
+    const gate = await this.gate(gateId, { onRecorded: (c) => recorded.push(c) });
+    return { recorded, gate, scope: await this.rootScope(name, gate, scopes) };
   }
 
   /** A root agent (session running, root grant) as the TetherScope a framework run starts from. */
