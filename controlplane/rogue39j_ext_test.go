@@ -26,8 +26,16 @@ import (
 // cared to keep. Now each is kicked once for a's being stopped. Counted,
 // not timed: each heartbeat moves r's stop too (a is its member), and the
 // test waits for that reconcile; a's stops are reconciled by none of them.
+// A stop's own settling can still leave it a pass or two after the count
+// starts (the pass its last write kicks, delivered late, and the kick of
+// a's being stopped after it — CI saw one): the count allows each stop
+// those two, and a heartbeat that kicked the stops would reconcile each
+// at every one of the nine.
 func TestRogue39JAStoppedRoguesHeartbeatsDoNotReconcileItsStopsBelow(t *testing.T) {
-	const k, beats = 12, 4
+	const k, beats = 12, 8
+	// settling: the passes a stop's own settling may still have due when
+	// the count starts (see above).
+	const settling = 2
 	clk := clock.NewManual(epoch)
 	var mu sync.Mutex
 	counts := map[string]int{}
@@ -100,12 +108,13 @@ func TestRogue39JAStoppedRoguesHeartbeatsDoNotReconcileItsStopsBelow(t *testing.
 		t.Fatal(err)
 	}
 	testserver.WaitFor(t, time.Minute, "a's last heartbeat to move r's stop of it", func() bool { return count(drain.TerminationId) > seen })
-	total := 0
+	total, most := 0, 0
 	for _, id := range stops {
 		total += count(id) - before[id]
+		most = max(most, count(id)-before[id])
 	}
-	if total != 0 {
-		t.Fatalf("a's %d heartbeats, draining, reconciled its %d stops below it %d times; want none (its being stopped kicked each once)", beats+1, k, total)
+	if most > settling {
+		t.Fatalf("a's %d heartbeats, draining, reconciled its %d stops below it %d times, one of them %d times; want at most %d each, what its own settling leaves (its being stopped kicked each once)", beats+1, k, total, most, settling)
 	}
 	if got := getTermination(t, admin, drain.TerminationId).State; got != tetherv1.TerminationState_TERMINATION_STATE_RECONCILING {
 		t.Fatalf("r's stop of a is %s, want still reconciling (its confirm timeout is a day)", got)
