@@ -2,7 +2,7 @@
 // with the calling node's capability token; a handoff spawns the target as
 // a child node with an attenuated grant; the run is aborted when its
 // subtree is aborted.
-import { Agent as OpenAIAgent, Handoff, run, type AgentToolOptions, type FunctionTool, type Tool } from "@openai/agents";
+import { Agent as OpenAIAgent, Handoff, run, type AgentToolOptions, type Computer, type FunctionTool, type Tool } from "@openai/agents";
 
 import { isRefusedStopping, isRefusedToken } from "../errors.js";
 import { TetherScope } from "../scope.js";
@@ -69,9 +69,72 @@ function isAgentTool(t: Tool<any>): boolean {
   return t.type === "function" && typeof (t as unknown as { on?: unknown }).on === "function";
 }
 
-/** Wraps a function tool so that each call goes through the gate of the scope current at call time. */
+/** The methods of a Computer that act on it (or read it), each one call of the computer tool. */
+const computerActions = ["screenshot", "click", "doubleClick", "drag", "keypress", "move", "scroll", "type", "wait"];
+
+/** computer with each of its actions one gated call of the tool named tool. */
+function gatedComputer(scope: () => TetherScope, tool: string, computer: Computer): Computer {
+  return new Proxy(computer, {
+    get(target, prop, receiver) {
+      const value = Reflect.get(target, prop, receiver);
+      if (typeof prop !== "string" || !computerActions.includes(prop) || typeof value !== "function") return value;
+      return (...args: unknown[]) => scope().call(tool, () => value.apply(target, args));
+    },
+  });
+}
+
+/**
+ * A tool @openai/agents runs in this process that is not a function tool
+ * (a local shell, an apply_patch editor, a computer), its executor's each
+ * call one gated call of the tool's name, or undefined for a tool that
+ * runs at the model provider (a hosted tool). Until the forty-seventh pass
+ * every tool but a function tool was returned as it was: a model steered
+ * into the shell ran its commands, the editor its deletions, as no node of
+ * the tree, recorded nowhere, needing no scope, and not refused while the
+ * run drained nor after an operator aborted the child that ran them
+ * (rogue47B tests).
+ */
+function gateLocalTool(scope: () => TetherScope, t: Tool<any>): Tool<any> | undefined {
+  switch (t.type) {
+    case "shell": {
+      if (!t.shell) return undefined; // a hosted shell: run at the provider
+      const shell = t.shell;
+      return { ...t, shell: { run: (action) => scope().call(t.name, () => shell.run(action)) } };
+    }
+    case "apply_patch": {
+      const editor = t.editor;
+      return {
+        ...t,
+        editor: {
+          createFile: (op, ctx) => scope().call(t.name, () => editor.createFile(op, ctx)),
+          updateFile: (op, ctx) => scope().call(t.name, () => editor.updateFile(op, ctx)),
+          deleteFile: (op, ctx) => scope().call(t.name, () => editor.deleteFile(op, ctx)),
+        },
+      };
+    }
+    case "computer": {
+      const c = t.computer as any;
+      let computer: unknown;
+      if (typeof c === "function") computer = async (args: any) => gatedComputer(scope, t.name, await c(args));
+      else if (c && typeof c === "object" && typeof c.create === "function" && typeof c.screenshot !== "function") {
+        computer = { ...c, create: async (args: any) => gatedComputer(scope, t.name, await c.create(args)) };
+      } else computer = gatedComputer(scope, t.name, c);
+      return { ...t, computer } as Tool<any>;
+    }
+    default:
+      return undefined;
+  }
+}
+
+/**
+ * Wraps a tool so that each call goes through the gate of the scope
+ * current at call time: a function tool's calls, and the calls of a tool
+ * that runs here without being one (a local shell, an apply_patch editor,
+ * a computer); a hosted tool runs at the model provider and is returned as
+ * it is.
+ */
 export function gateTool<T extends Tool<any>>(scope: () => TetherScope, t: T, options: TetherAgentOptions = {}): T {
-  if (t.type !== "function") return t; // hosted tools run at the model provider, not here
+  if (t.type !== "function") return (gateLocalTool(scope, t) ?? t) as T;
   let fn = t as unknown as FunctionTool<any, any, any>;
   const spec = agentTools.get(t);
   if (spec) {
@@ -123,8 +186,13 @@ function agentToolAs(scope: () => TetherScope, fn: FunctionTool<any, any, any>, 
   };
 }
 
+/** Whether t runs here, its calls gated, without being a function tool. */
+const gatesLocally = (t: Tool<any>) => t.type === "computer" || t.type === "apply_patch" || (t.type === "shell" && !!t.shell);
+
 /**
- * `tool:<name>` for each function tool of agent and of every agent it can
+ * `tool:<name>` for each function tool of agent (and each tool gated here
+ * without being one: a local shell, an apply_patch editor, a computer) and
+ * of every agent it can
  * hand off to or run as a tool ({@link tetherAgentTool}'s: its scopes
  * when given), and they in turn: what its child node delegates on to the
  * children it spawns, which the control plane refuses to widen. With its
@@ -142,7 +210,7 @@ function defaultScopes(agent: OpenAIAgent<any, any>, parent: TetherScope): strin
   for (let a = todo.shift(); a !== undefined; a = todo.shift()) {
     if (seen.has(a)) continue;
     seen.add(a);
-    for (const t of a.tools) if (t.type === "function") add(`tool:${t.name}`);
+    for (const t of a.tools) if (t.type === "function" || gatesLocally(t)) add(`tool:${t.name}`);
     for (const t of a.tools) {
       const spec = agentTools.get(t);
       if (spec?.scopes) spec.scopes.forEach(add);
