@@ -14,7 +14,12 @@
   tool is gated on the thread that runs it and reported when it returned:
   acknowledged if it stopped on ``current_call().check()``, otherwise
   completed, never acknowledged while it still runs. A refusal or cancellation fails the run with ToolRefused or
-  ToolCallCancelled.
+  ToolCallCancelled. A tool the SDK runs here without being a function tool
+  (a local ``ShellTool``, ``LocalShellTool``, ``ApplyPatchTool``,
+  ``CustomTool``, ``ComputerTool``) is gated too, each call of its executor
+  one call of the tool's name (a refusal is the executor's error to the
+  SDK: a shell's or editor's failed output). Hosted tools run at the
+  model provider.
 - Sub-agents: ``handoff()`` makes the target agent a child node, spawned
   when the handoff is taken under the node of the agent that took it,
   whose tools present a grant delegated from that node's with the given
@@ -35,13 +40,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import inspect
 from datetime import timedelta
 from typing import Any
 
 from agents import Agent as SDKAgent
-from agents import FunctionTool, Handoff, RunResult, Runner, handoff as sdk_handoff
+from agents import ApplyPatchTool, AsyncComputer, ComputerProvider, ComputerTool, FunctionTool, Handoff, LocalShellTool
+from agents import RunResult, Runner, ShellTool, handoff as sdk_handoff
 from agents.exceptions import AgentsException
+from agents.tool import CustomTool
 
 from ..agent import Aborted, Agent
 from ..toolgate import Token, ToolCallCancelled, ToolGate, ToolRefused
@@ -89,6 +97,118 @@ def _gated(tool: FunctionTool, gate: ToolGate, node: Node) -> FunctionTool:
     return dataclasses.replace(tool, on_invoke_tool=on_invoke_sync_tool if _synchronous(tool) else on_invoke_tool)
 
 
+def _gated_run(fn: Any, gate: ToolGate, node: Node, name: str) -> Any:
+    """``fn`` (an executor the SDK calls and awaits if it answers an
+    awaitable) as one gated call of the tool ``name`` each time, as
+    ``node``. A synchronous one runs where the SDK called it (in the run's
+    task, as it did ungated), its call reported when it returned."""
+
+    @functools.wraps(fn)  # the SDK reads the executor's signature for the keyword arguments it passes
+    async def run(*args: Any, **kwargs: Any) -> Any:
+        async with gate.call(node.token, name):
+            out = fn(*args, **kwargs)
+            return await out if inspect.isawaitable(out) else out
+
+    return run
+
+
+_COMPUTER_ACTIONS = ("screenshot", "click", "double_click", "scroll", "type", "wait", "move", "keypress", "drag")
+
+
+class _GatedComputer(AsyncComputer):
+    """A computer (``Computer`` or ``AsyncComputer``) whose every action is
+    one gated call of the computer tool."""
+
+    def __init__(self, inner: Any, gate: ToolGate, node: Node, name: str):
+        self._inner = inner
+        for action in _COMPUTER_ACTIONS:
+            setattr(self, action, _gated_run(getattr(inner, action), gate, node, name))
+
+    @property
+    def environment(self) -> Any:
+        return self._inner.environment
+
+    @property
+    def dimensions(self) -> Any:
+        return self._inner.dimensions
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr == "_inner":
+            raise AttributeError(attr)
+        return getattr(self._inner, attr)
+
+    # Shadowed per instance by the gated actions __init__ sets.
+    async def screenshot(self) -> str: raise NotImplementedError  # noqa: E704
+    async def click(self, x: int, y: int, button: Any) -> None: raise NotImplementedError  # noqa: E704
+    async def double_click(self, x: int, y: int) -> None: raise NotImplementedError  # noqa: E704
+    async def scroll(self, x: int, y: int, scroll_x: int, scroll_y: int) -> None: raise NotImplementedError  # noqa: E704
+    async def type(self, text: str) -> None: raise NotImplementedError  # noqa: E704
+    async def wait(self) -> None: raise NotImplementedError  # noqa: E704
+    async def move(self, x: int, y: int) -> None: raise NotImplementedError  # noqa: E704
+    async def keypress(self, keys: list[str]) -> None: raise NotImplementedError  # noqa: E704
+    async def drag(self, path: list[tuple[int, int]]) -> None: raise NotImplementedError  # noqa: E704
+
+
+def _gated_computer(config: Any, gate: ToolGate, node: Node, name: str) -> Any:
+    """A computer tool's ``computer`` (an instance, an initializer, or a
+    provider) answering computers whose actions are gated; a provider's
+    ``dispose`` is handed the computer its ``create`` made."""
+
+    def gated(c: Any) -> Any:
+        return c if isinstance(c, _GatedComputer) else _GatedComputer(c, gate, node, name)
+
+    def creating(create: Any) -> Any:
+        async def made(**kwargs: Any) -> Any:
+            c = create(**kwargs)
+            return gated(await c if inspect.isawaitable(c) else c)
+        return made
+
+    if isinstance(config, ComputerProvider) or (not isinstance(config, AsyncComputer) and callable(getattr(config, "create", None))
+                                                 and not callable(getattr(config, "screenshot", None))):
+        dispose = config.dispose
+
+        def disposing(*, computer: Any, **kwargs: Any) -> Any:
+            return dispose(computer=getattr(computer, "_inner", computer), **kwargs)
+
+        return ComputerProvider(create=creating(config.create), dispose=None if dispose is None else disposing)
+    if callable(config) and not callable(getattr(config, "screenshot", None)):
+        return creating(config)
+    return gated(config)
+
+
+def _gated_local(t: Any, gate: ToolGate, node: Node) -> Any:
+    """A tool the SDK runs in this process that is not a function tool (a
+    local shell, an apply_patch editor, a custom tool, a computer), its
+    executor's each call one gated call of the tool's name as ``node``; or
+    None for a tool run at the model provider (a hosted tool). Until the
+    forty-seventh pass each was kept as it was: a model steered into the
+    shell ran its commands, the editor its deletions, as no node of the
+    tree, recorded nowhere, needing no scope, not refused while the run
+    drained nor after an operator aborted the child that ran them (rogue47b
+    tests), as the TypeScript adapter's ``gateTool`` left them too."""
+    if isinstance(t, ShellTool):
+        return None if t.executor is None else dataclasses.replace(t, executor=_gated_run(t.executor, gate, node, t.name))
+    if isinstance(t, LocalShellTool):
+        return dataclasses.replace(t, executor=_gated_run(t.executor, gate, node, t.name))
+    if isinstance(t, ApplyPatchTool):
+        editor = t.editor
+        gated = type("GatedEditor", (), {
+            op: staticmethod(_gated_run(getattr(editor, op), gate, node, t.name))
+            for op in ("create_file", "update_file", "delete_file")})()
+        return dataclasses.replace(t, editor=gated)
+    if isinstance(t, CustomTool):
+        return dataclasses.replace(t, on_invoke_tool=_gated_run(t.on_invoke_tool, gate, node, t.name))
+    if isinstance(t, ComputerTool):
+        return dataclasses.replace(t, computer=_gated_computer(t.computer, gate, node, t.name))
+    return None
+
+
+def _gates_locally(t: Any) -> bool:
+    """Whether ``t`` runs here, gated, without being a function tool."""
+    return isinstance(t, (LocalShellTool, ApplyPatchTool, CustomTool, ComputerTool)) or (
+        isinstance(t, ShellTool) and t.executor is not None)
+
+
 def _reach(sdk_agent: SDKAgent) -> list[str]:
     """``tool:<name>`` for each function tool of ``sdk_agent`` and of every
     agent it can hand off to, and they in turn (a ``handoff()``'s scopes
@@ -105,7 +225,7 @@ def _reach(sdk_agent: SDKAgent) -> list[str]:
             continue
         seen.add(id(a))
         for t in a.tools:
-            if isinstance(t, FunctionTool) and f"tool:{t.name}" not in scopes:
+            if (isinstance(t, FunctionTool) or _gates_locally(t)) and f"tool:{t.name}" not in scopes:
                 scopes.append(f"tool:{t.name}")
         for t in a.tools:
             spec = getattr(t, "_tether_agent_tool", None)
@@ -163,7 +283,8 @@ class TetherAgents:
         its one gated call, ungated (no node, nothing in the ledger, no
         scope, not refused while the run drains: rogue46b tests)."""
         if not isinstance(t, FunctionTool):
-            return t
+            gated = _gated_local(t, self.subtree.gate, node)
+            return t if gated is None else gated
         spec = getattr(t, "_tether_agent_tool", None)
         if spec is not None:
             made = _gated(self._agent_tool_as(t, spec, node), self.subtree.gate, node)
