@@ -3,6 +3,7 @@ package controlplane_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,5 +111,87 @@ func TestRogue47FARogueSpendingTheBudgetOnAFollowerCannotFreezeASiblingsLeases(t
 		if g := got.Msg.Lease; g.State != tetherv1.LeaseState_LEASE_STATE_ACTIVE || g.RenewSequence != 4 || g.LeaseExpired {
 			t.Fatalf("a lease the sibling renewed in time through the follower, 50 s in: %v", g)
 		}
+	}
+}
+
+// The follower's allowance gives the rogue nothing it does not hold: its
+// budget on the follower spent, its renewals through the follower of its
+// sibling's lease and of made-up jobs are refused resource_exhausted once
+// its node's reserve is spent, and the sibling's lease is unchanged; a
+// lease it holds gives it, through the follower, that lease's allowance
+// and at most its node's reserve, as on the leader.
+func TestRogue47FAFollowersAllowanceGivesARogueNothingItDoesNotHold(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	replicas, lead := startReplicasWith(t, 2, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.RateLimit, cfg.RateBurst = 5, 128 })
+	follower := followersOf(replicas, lead)[0]
+	ctx := context.Background()
+	admin := lead.AdminClients()
+	root := register(t, admin, "planner")
+	rootC := lead.Clients(root.Credential)
+	honest := spawn(t, rootC, root.Node.NodeId, "honest")
+	rogue := spawn(t, rootC, root.Node.NodeId, "rogue")
+	rogueFollower := follower.Clients(rogue.Credential)
+	offer := func(job, holder string) *tetherv1.Lease {
+		r, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: holder,
+			LeaseDuration: durationpb.New(30 * time.Second), AckTimeout: durationpb.New(10 * time.Second)}))
+		if err != nil {
+			t.Fatalf("offer %s: %v", job, err)
+		}
+		return r.Msg.Lease
+	}
+	victim, _ := unary{lead.Clients(honest.Credential)}.send(t, ack(offer("victim", honest.Node.NodeId)))
+	own := offer("own", rogue.Node.NodeId)
+
+	spendLineage(t, rogueFollower, rogue.Node.NodeId)
+	refused := 0
+	for i := range 100 {
+		target := victim
+		if i%2 == 1 {
+			target = &tetherv1.Lease{JobId: fmt.Sprintf("made-up-%d", i), LeaseId: victim.LeaseId, LeaseGeneration: 1}
+		}
+		_, _, errText := unary{rogueFollower}.try(t, renew(target, uint64(i+1)))
+		switch {
+		case strings.HasPrefix(errText, "resource_exhausted: "):
+			refused++
+		case strings.HasPrefix(errText, "permission_denied: ") && refused == 0:
+			// its node's reserve, while it lasts: refused by the leader
+		default:
+			t.Fatalf("the rogue's renewal %d, through the follower, of a lease it does not hold: %q", i+1, errText)
+		}
+	}
+	t.Logf("the rogue's 100 renewals through the follower of leases it does not hold: %d refused resource_exhausted", refused)
+	if refused < 100-controlplane.UpkeepReserveBurst {
+		t.Fatalf("only %d of the rogue's 100 renewals of leases it does not hold were refused resource_exhausted", refused)
+	}
+	got, err := admin.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: "victim"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := got.Msg.Lease; g.HolderIdentity != honest.Node.NodeId || g.State != tetherv1.LeaseState_LEASE_STATE_ACTIVE || g.OwnershipConflict || g.RenewSequence != 0 {
+		t.Fatalf("the victim's lease after the rogue's renewals: %v", g)
+	}
+
+	// Its own lease, through the follower, with both reserves full again.
+	clk.Advance(5 * time.Second)
+	spendLineage(t, rogueFollower, rogue.Node.NodeId)
+	accepted := 0
+	if _, _, errText := (unary{rogueFollower}).try(t, ack(own)); errText != "" {
+		t.Fatalf("the rogue's ACK of its own lease through the follower: %s", errText)
+	}
+	accepted++
+	for i := range 100 {
+		_, _, errText := unary{rogueFollower}.try(t, renew(own, uint64(i+1)))
+		switch {
+		case errText == "":
+			accepted++
+		case strings.HasPrefix(errText, "resource_exhausted: "):
+		default:
+			t.Fatalf("the rogue's renewal %d of its own lease through the follower: %q", i+1, errText)
+		}
+	}
+	t.Logf("the rogue's ACK and 100 renewals of the one lease it holds, through the follower: %d accepted", accepted)
+	if limit := controlplane.LeaseUpkeepAllowance + controlplane.UpkeepReserveBurst; accepted > limit || accepted < controlplane.LeaseUpkeepAllowance {
+		t.Fatalf("the rogue had %d messages about its one lease accepted through the follower with its lineage's budget spent there, want the lease's allowance (%d) and at most its node's reserve (%d) more",
+			accepted, controlplane.LeaseUpkeepAllowance, controlplane.UpkeepReserveBurst)
 	}
 }
