@@ -113,20 +113,31 @@ func (a *leaseAllowance) sweep(now time.Time) {
 
 // holds is auth.Interceptor.Holds: whether msg, a worker message an agent
 // sent once its lineage's budget was spent, is upkeep of a lease the agent
-// holds that the lease's allowance admits. Only the replica whose
-// coordinator serves the leases knows the holder from memory; elsewhere
-// (a follower forwarding the call) nothing is admitted this way.
+// holds that the lease's allowance admits. The replica whose coordinator
+// serves the leases knows the holder from memory; a follower, which
+// forwards the message to that leader (where it is charged and judged
+// again), reads the lease from the store, and admits it from an
+// allowance of its own — a lineage's budget is each replica's, and so is
+// a lease's allowance. Until the forty-seventh pass a follower admitted
+// nothing this way: a rogue that spent its lineage's budget on a follower
+// left a sibling reaching the control plane through it (a load balancer's
+// choice) its node's reserve alone, and most of its leases expired
+// although it renewed each in time (rogue47f test). The read costs a
+// follower a store read per message past the budget: a message over the
+// budget that is not upkeep ends its stream, and a call is admitted
+// owing at most at the node's reserve's rate, so a rogue makes a
+// follower read no more than its reserves and its own leases' upkeep
+// allow. A stored lease whose deadline the clock has passed (a follower's
+// read is the store's, which no run may have settled yet) is not upkeep.
 func (h *leaseService) holds(ctx context.Context, p auth.Principal, msg any) bool {
 	job, generation, ok := upkeepClaim(msg)
 	if !ok || !p.IsAgent() || wire.CheckID("job_id", job) != nil {
 		return false
 	}
-	if serving, _ := h.leases().Serving(); !serving {
-		return false
-	}
-	l, err := h.leases().Get(ctx, job)
+	l, settled, err := h.leases().GetSettled(ctx, job)
 	if err != nil || l.HolderIdentity != p.NodeID() || l.Generation != generation ||
-		(l.State != lease.StateOffered && l.State != lease.StateActive) {
+		(l.State != lease.StateOffered && l.State != lease.StateActive) ||
+		(!settled && lease.Due(l, h.s.cfg.Clock.Now())) {
 		return false
 	}
 	return h.s.allowance.take(job, generation, l.LeaseDuration, l.HolderIdentity)
