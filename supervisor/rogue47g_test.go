@@ -1,9 +1,19 @@
 package supervisor
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tetherhq/tether/internal/etcdtest"
+	"github.com/tetherhq/tether/internal/store/etcdstore"
 
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
@@ -133,4 +143,163 @@ func TestRogue47GAnAcknowledgementReachesTheReconcilerAsItsCallAlone(t *testing.
 	if c.Resolution != ledger.CallResolutionCancelledAcked {
 		t.Errorf("the call is resolved %q, want %q", c.Resolution, ledger.CallResolutionCancelledAcked)
 	}
+}
+
+// BenchmarkRogue47GAcknowledgementsThroughTheReconcilersWatches: on one
+// local etcd member, acknowledgement-shaped commits (a call of a
+// termination written ended, its open index and cancel order deleted, its
+// node's count of open calls and the note of its end by node written), 32
+// at a time, while the termination reconciler's watches take them and
+// kick as the loop does (one termination unfinished, so each call is
+// decoded): watch=ledger watches every key of the ledger, as before the
+// forty-seventh pass; watch=termination-prefixes those that may move a
+// termination (reconcilerWatches). It reports the events delivered, and
+// the CPU of the process and of the etcd member, per acknowledgement.
+func BenchmarkRogue47GAcknowledgementsThroughTheReconcilersWatches(b *testing.B) {
+	cluster := etcdtest.Start(b)
+	pid := cluster.Members[0].Pid()
+	for _, bc := range []struct {
+		name     string
+		prefixes [][]byte
+	}{
+		{"watch=ledger", [][]byte{[]byte(ledger.Prefix), []byte(tree.NodePrefix), []byte(prefixTermination)}},
+		{"watch=termination-prefixes", reconcilerWatches()},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			st := etcdtest.OpenStore(b, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = etcdtest.Prefix(b) })
+			var k terminationKicks
+			k.reset([]terminationPlace{{ID: "term_bench", NodeID: "n_root"}})
+			var kicks, events atomic.Int64
+			ctx, cancel := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			sentinel := func(p []byte) string { return string(p) + "zz-sentinel" }
+			got := make(chan struct{}, len(bc.prefixes))
+			for _, p := range bc.prefixes {
+				w, err := st.Watch(ctx, p)
+				if err != nil {
+					b.Fatal(err)
+				}
+				wg.Go(func() {
+					for batch := range w.Events() {
+						for _, ev := range batch {
+							if string(ev.Key) == sentinel(p) {
+								got <- struct{}{}
+							} else {
+								events.Add(1)
+							}
+						}
+						k.changed(batch, func(string) { kicks.Add(1) }, func(string) {})
+					}
+				})
+			}
+			// flush returns once every watch has delivered what was
+			// committed before it: a key under each prefix, written after,
+			// once each watch took it.
+			flush := func() {
+				if err := st.Update(context.Background(), func(tx store.Txn) error {
+					for _, p := range bc.prefixes {
+						if err := tx.Put([]byte(sentinel(p)), nil); err != nil {
+							return err
+						}
+					}
+					return nil
+				}); err != nil {
+					b.Fatal(err)
+				}
+				for range bc.prefixes {
+					<-got
+				}
+			}
+			// The open index and cancel order of each call, as the call's
+			// begin and its termination's mark wrote them.
+			for from := 0; from < b.N; from += 100 {
+				if err := st.Update(ctx, func(tx store.Txn) error {
+					for n := from + 1; n <= min(from+100, b.N); n++ {
+						node, callID := fmt.Sprintf("n_bench%06d", n%1000), fmt.Sprintf("c_bench%09d", n)
+						if err := tx.Put(ledger.OpenCallKey(node, callID), nil); err != nil {
+							return err
+						}
+						if err := tx.Put(ledger.CancelKey("bench-gate", callID), nil); err != nil {
+							return err
+						}
+					}
+					return nil
+				}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			flush()
+			events.Store(0)
+			var seq atomic.Int64
+			begun := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+			ack := func() error {
+				n := seq.Add(1)
+				node, callID := fmt.Sprintf("n_bench%06d", n%1000), fmt.Sprintf("c_bench%09d", n)
+				c := &ledger.ToolCall{CallID: callID, NodeID: node, Tool: "shell", GateID: "bench-gate", State: ledger.CallStateEnded,
+					TerminationID: "term_bench", BegunAt: begun, EndedAt: begun.Add(time.Second), CancelAckedAt: begun.Add(time.Second),
+					EndedBy: "bench-gate", AcknowledgedBy: "bench-gate", Resolution: ledger.CallResolutionCancelledAcked}
+				return st.Update(ctx, func(tx store.Txn) error {
+					if err := ledger.PutCallIn(tx, c); err != nil {
+						return err
+					}
+					if err := tx.Delete(ledger.OpenCallKey(node, callID)); err != nil {
+						return err
+					}
+					if err := tx.Put(ledger.OpenCountKey(node), []byte{0}); err != nil {
+						return err
+					}
+					if err := tx.Delete(ledger.CancelKey("bench-gate", callID)); err != nil {
+						return err
+					}
+					return tx.Put(ledger.EndedOnKey(node, callID), []byte("term_bench"))
+				})
+			}
+			cpu0, member0 := benchProcessCPU(), benchMemberCPU(pid)
+			b.SetParallelism(16) // 32 goroutines on 2 cores: the gate's 32 at a time
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if err := ack(); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			flush()
+			cpu1, member1 := benchProcessCPU(), benchMemberCPU(pid)
+			cancel()
+			wg.Wait()
+			ops := float64(b.N)
+			b.ReportMetric(float64(events.Load())/ops, "events/op")
+			b.ReportMetric(float64((cpu1-cpu0).Microseconds())/ops, "process-cpu-µs/op")
+			b.ReportMetric(float64((member1-member0).Microseconds())/ops, "member-cpu-µs/op")
+		})
+	}
+}
+
+func benchProcessCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func benchMemberCPU(pid int) time.Duration {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0
+	}
+	f := bytes.Fields(stat[i+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseUint(string(f[11]), 10, 64)
+	s, _ := strconv.ParseUint(string(f[12]), 10, 64)
+	return time.Duration(u+s) * (time.Second / 100)
 }
