@@ -303,3 +303,41 @@ func benchMemberCPU(pid int) time.Duration {
 	s, _ := strconv.ParseUint(string(f[12]), 10, 64)
 	return time.Duration(u+s) * (time.Second / 100)
 }
+
+// TestRogue47GTheReconcilerWatchesEveryLedgerKeyThatKicks: a ledger key
+// kicks a termination (terminationKicks.changed) exactly when it is under
+// a prefix the reconcile loop watches (reconcilerWatches): what the
+// forty-seventh pass stopped watching kicked nothing, and every key that
+// kicks still arrives.
+func TestRogue47GTheReconcilerWatchesEveryLedgerKeyThatKicks(t *testing.T) {
+	var k terminationKicks
+	k.reset([]terminationPlace{{ID: "far", NodeID: "y"}})
+	k.place("far", []string{"x"})
+	watched := func(key []byte) bool {
+		for _, p := range reconcilerWatches() {
+			if bytes.HasPrefix(key, p) {
+				return true
+			}
+		}
+		return false
+	}
+	call := callEvent(t, 1, ledger.ToolCall{CallID: "c1", NodeID: "o", TerminationID: "far"})
+	for _, ev := range []store.Event{
+		call,
+		{Type: store.EventPut, Key: ledger.TermCallKey("far", "c1")},
+		{Type: store.EventPut, Key: append(ledger.RefusedPrefix("far", "o"), "c1"...)},
+		{Type: store.EventPut, Key: ledger.OpenCallKey("o", "c1")},
+		{Type: store.EventDelete, Key: ledger.OpenCallKey("o", "c1")},
+		{Type: store.EventPut, Key: ledger.OpenCountKey("o"), Value: []byte{1}},
+		{Type: store.EventPut, Key: ledger.CancelKey("g", "c1")},
+		{Type: store.EventDelete, Key: ledger.CancelKey("g", "c1")},
+		{Type: store.EventPut, Key: ledger.EndedOnKey("o", "c1"), Value: []byte("far")},
+		{Type: store.EventPut, Key: ledger.RefusedMoreKey("far", "o"), Value: []byte{3}},
+	} {
+		kicked := false
+		k.changed([]store.Event{ev}, func(string) { kicked = true }, func(string) {})
+		if w := watched(ev.Key); kicked != w {
+			t.Errorf("%s: kicked %v, watched %v; want a key that kicks watched and one that does not left out", ev.Key, kicked, w)
+		}
+	}
+}
