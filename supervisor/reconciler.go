@@ -23,7 +23,7 @@ func (s *Supervisor) loop() *reconcile.Loop {
 		k := &s.kicks
 		s.reconciler = reconcile.New(reconcile.Config{
 			Name: "terminations", Store: s.Store, Clock: s.Clock, Log: s.Log,
-			Watch: [][]byte{[]byte(ledger.Prefix), []byte(tree.NodePrefix), []byte(prefixTermination)},
+			Watch: reconcilerWatches(),
 			Scan: func(ctx context.Context) ([]string, error) {
 				// The watches are established: from here on they carry
 				// every change of a call (what was kept before may have
@@ -53,6 +53,14 @@ func (s *Supervisor) loop() *reconcile.Loop {
 		})
 	})
 	return s.reconciler
+}
+
+// reconcilerWatches are the prefixes the reconcile loop watches: the
+// ledger's keys that may move a termination (not every key of the ledger:
+// an acknowledgement's open index, count, cancel order and note of its end
+// were delivered and dropped), the tree's nodes, and the terminations.
+func reconcilerWatches() [][]byte {
+	return append(ledger.TerminationPrefixes(), []byte(tree.NodePrefix), []byte(prefixTermination))
 }
 
 // Kick asks the reconciler to look at a termination now.
@@ -328,7 +336,8 @@ func (k *terminationKicks) changed(batch []store.Event, kick func(string), finis
 		case strings.HasPrefix(key, refusedKeyPrefix):
 			kickOne(firstSegment(key[len(refusedKeyPrefix):]))
 		case strings.HasPrefix(key, openCallKeyPrefix), strings.HasPrefix(key, openCountKeyPrefix), strings.HasPrefix(key, cancelKeyPrefix), strings.HasPrefix(key, endedOnKeyPrefix):
-			// Written only beside the call's own key, in its transaction.
+			// Written only beside the call's own key, in its
+			// transaction (not watched: ledger.TerminationPrefixes).
 		case strings.HasPrefix(key, refusedMoreKeyPrefix):
 			// A count the record reads; it moves no termination.
 		default:

@@ -34,9 +34,22 @@ func refusedMoreKey(term, node string) []byte {
 	return []byte(prefixRefusedMore + term + "/" + node)
 }
 
-// Prefix prefixes every key of the ledger (the termination watches it for
-// any change of a call).
+// Prefix prefixes every key of the ledger.
 const Prefix = "calls/"
+
+// TerminationPrefixes are the prefixes of the ledger's keys whose changes
+// may move a termination, which the termination reconciler watches: a
+// call (stamped with the termination that ordered or accounts for it), the
+// index of the calls a termination accounts for, and of the calls it
+// refused. The others are written only beside a call's own key, in its
+// transaction (a call's open index and count, its cancel order, the note
+// of its end by node), or are a count the record reads (refusedmore): an
+// acknowledgement's five writes there reached the reconciler's watch and
+// were dropped, one event each (docs/capacity.md, "Forty-seventh pass
+// perf"). A new kind of key a termination must see changes is added here.
+func TerminationPrefixes() [][]byte {
+	return [][]byte{[]byte(prefixCall), []byte(prefixTermCall), []byte(prefixRefused)}
+}
 
 // The keys a termination reads and writes inside its own transactions (it
 // marks calls, orders cancels and closes them in its record).
