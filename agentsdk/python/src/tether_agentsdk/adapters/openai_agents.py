@@ -19,7 +19,10 @@
   ``CustomTool``, ``ComputerTool``) is gated too, each call of its executor
   one call of the tool's name (a refusal is the executor's error to the
   SDK: a shell's or editor's failed output). Hosted tools run at the
-  model provider.
+  model provider. Each tool call of an agent's MCP servers
+  (``mcp_servers``) is one gated call of ``<server>/<tool>``, its grant
+  checked against ``mcp:<server>/<tool>`` (``mcp_scope``); a child's
+  default scopes name each server, ``mcp:<server>/*``.
 - Sub-agents: ``handoff()`` makes the target agent a child node, spawned
   when the handoff is taken under the node of the agent that took it,
   whose tools present a grant delegated from that node's with the given
@@ -252,6 +255,15 @@ class _GatedMCPServer(MCPServer):
     async def get_prompt(self, name: str, arguments: dict[str, Any] | None = None) -> Any:
         return await self._inner.get_prompt(name, arguments)
 
+    async def list_resources(self, cursor: str | None = None) -> Any:
+        return await self._inner.list_resources(cursor)
+
+    async def list_resource_templates(self, cursor: str | None = None) -> Any:
+        return await self._inner.list_resource_templates(cursor)
+
+    async def read_resource(self, uri: str) -> Any:
+        return await self._inner.read_resource(uri)
+
     async def call_tool(self, tool_name: str, arguments: dict[str, Any] | None, meta: dict[str, Any] | None = None) -> Any:
         server = self._inner.name
         async with self._gate.call(self._node.token, f"{server}/{tool_name}", required_scope=mcp_scope(server, tool_name)):
@@ -274,7 +286,9 @@ def _gates_locally(t: Any) -> bool:
 
 
 def _reach(sdk_agent: SDKAgent) -> list[str]:
-    """``tool:<name>`` for each function tool of ``sdk_agent`` and of every
+    """``tool:<name>`` for each function tool of ``sdk_agent`` (and
+    ``mcp:<server>/*`` for each of its MCP servers, whose tools are listed
+    only at run time) and of every
     agent it can hand off to, and they in turn (a ``handoff()``'s scopes
     for its target; a clone Tether bound to a node runs as that node and
     needs none): what its child node delegates on to the children it
