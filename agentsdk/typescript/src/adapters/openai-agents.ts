@@ -2,7 +2,7 @@
 // with the calling node's capability token; a handoff spawns the target as
 // a child node with an attenuated grant; the run is aborted when its
 // subtree is aborted.
-import { Agent as OpenAIAgent, Handoff, run, type AgentToolOptions, type Computer, type FunctionTool, type Tool } from "@openai/agents";
+import { Agent as OpenAIAgent, Handoff, run, type AgentToolOptions, type Computer, type FunctionTool, type MCPServer, type Tool } from "@openai/agents";
 
 import { isRefusedStopping, isRefusedToken } from "../errors.js";
 import { TetherScope } from "../scope.js";
@@ -186,12 +186,57 @@ function agentToolAs(scope: () => TetherScope, fn: FunctionTool<any, any, any>, 
   };
 }
 
+/**
+ * The scope of the tool `tool` an agent's MCP server named `server`
+ * serves, `mcp:<server>/<tool>`, as the MCP gateway (`agentsdk/mcpgate`)
+ * names an upstream's tools; `mcp:<server>/*` covers every tool the server
+ * lists, whenever it lists it.
+ */
+export const mcpScope = (server: string, tool = "*") => `mcp:${server}/${tool}`;
+
+/** The servers gatedMcpServer made, to the server each wraps. */
+const gatedServers = new WeakMap<object, MCPServer>();
+
+/**
+ * An agent's MCP server whose every tool call (@openai/agents lists the
+ * server's tools at run time and calls `callTool` or `callToolResult` for
+ * each one the model asks for) is one gated call of the tool
+ * `<server>/<tool>` as the node of scope, its grant checked against
+ * `mcp:<server>/<tool>`; the server's other methods are its own (connect
+ * and close the server given, as before). Until the forty-seventh pass the
+ * adapter kept an agent's `mcpServers` as they were: a model steered into
+ * an MCP tool ran it as no node of the tree, recorded nowhere, needing no
+ * scope, not refused while the run drained nor after an operator aborted
+ * the child that ran it (rogue47I tests).
+ */
+function gatedMcpServer(scope: () => TetherScope, given: MCPServer): MCPServer {
+  const server = gatedServers.get(given) ?? given;
+  const gated = new Proxy(server, {
+    get(target, prop) {
+      const value = Reflect.get(target, prop, target);
+      if ((prop !== "callTool" && prop !== "callToolResult") || typeof value !== "function") {
+        return typeof value === "function" ? value.bind(target) : value;
+      }
+      return (tool: string, args: unknown, meta?: unknown, options?: { signal?: AbortSignal }) =>
+        scope().call(
+          `${target.name}/${tool}`,
+          (signal) => value.call(target, tool, args, meta, { ...options, signal: options?.signal ? AbortSignal.any([options.signal, signal]) : signal }),
+          mcpScope(target.name, tool),
+        );
+    },
+  });
+  gatedServers.set(gated, server);
+  return gated;
+}
+
 /** Whether t runs here, its calls gated, without being a function tool. */
 const gatesLocally = (t: Tool<any>) => t.type === "computer" || t.type === "apply_patch" || (t.type === "shell" && !!t.shell);
 
 /**
  * `tool:<name>` for each function tool of agent (and each tool gated here
- * without being one: a local shell, an apply_patch editor, a computer) and
+ * without being one: a local shell, an apply_patch editor, a computer),
+ * `mcp:<server>/*` for each of its MCP servers (whose tools are listed only
+ * at run time: every tool the server lists is covered), and
  * of every agent it can
  * hand off to or run as a tool ({@link tetherAgentTool}'s: its scopes
  * when given), and they in turn: what its child node delegates on to the
@@ -211,6 +256,7 @@ function defaultScopes(agent: OpenAIAgent<any, any>, parent: TetherScope): strin
     if (seen.has(a)) continue;
     seen.add(a);
     for (const t of a.tools) if (t.type === "function" || gatesLocally(t)) add(`tool:${t.name}`);
+    for (const server of a.mcpServers) add(mcpScope(server.name));
     for (const t of a.tools) {
       const spec = agentTools.get(t);
       if (spec?.scopes) spec.scopes.forEach(add);
@@ -237,6 +283,7 @@ function wrap(scope: () => TetherScope, agent: OpenAIAgent<any, any>, options: T
   const copy = agent.clone({});
   seen.set(agent, copy);
   copy.tools = agent.tools.map((t) => gateTool(scope, t, options));
+  copy.mcpServers = agent.mcpServers.map((server) => gatedMcpServer(scope, server));
   copy.handoffs = agent.handoffs.map((h) => {
     const original = h instanceof Handoff ? h : undefined;
     const target = h instanceof Handoff ? h.agent : h;

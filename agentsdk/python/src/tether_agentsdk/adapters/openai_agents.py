@@ -19,7 +19,10 @@
   ``CustomTool``, ``ComputerTool``) is gated too, each call of its executor
   one call of the tool's name (a refusal is the executor's error to the
   SDK: a shell's or editor's failed output). Hosted tools run at the
-  model provider.
+  model provider. Each tool call of an agent's MCP servers
+  (``mcp_servers``) is one gated call of ``<server>/<tool>``, its grant
+  checked against ``mcp:<server>/<tool>`` (``mcp_scope``); a child's
+  default scopes name each server, ``mcp:<server>/*``.
 - Sub-agents: ``handoff()`` makes the target agent a child node, spawned
   when the handoff is taken under the node of the agent that took it,
   whose tools present a grant delegated from that node's with the given
@@ -49,6 +52,7 @@ from agents import Agent as SDKAgent
 from agents import ApplyPatchTool, AsyncComputer, ComputerProvider, ComputerTool, FunctionTool, Handoff, LocalShellTool
 from agents import RunResult, Runner, ShellTool, handoff as sdk_handoff
 from agents.exceptions import AgentsException
+from agents.mcp import MCPServer
 from agents.tool import CustomTool
 
 from ..agent import Aborted, Agent
@@ -203,6 +207,78 @@ def _gated_local(t: Any, gate: ToolGate, node: Node) -> Any:
     return None
 
 
+def mcp_scope(server: str, tool: str = "*") -> str:
+    """The scope of the tool ``tool`` an agent's MCP server named
+    ``server`` serves, ``mcp:<server>/<tool>``, as the MCP gateway
+    (``agentsdk/mcpgate``) names an upstream's tools; ``mcp:<server>/*``
+    covers every tool the server lists, whenever it lists it."""
+    return f"mcp:{server}/{tool}"
+
+
+class _GatedMCPServer(MCPServer):
+    """An agent's MCP server whose every tool call (the SDK lists the
+    server's tools at run time and calls ``call_tool`` for each one the
+    model asks for) is one gated call of the tool ``<server>/<tool>`` as
+    ``node``, its grant checked against ``mcp:<server>/<tool>``. Everything
+    else (connecting, listing, the server's approval and guardrail
+    settings) is the server's own: connect and clean up the server given,
+    as before."""
+
+    def __init__(self, inner: MCPServer, gate: ToolGate, node: Node):  # noqa: D107 (the inner server was initialised)
+        self._inner, self._gate, self._node = inner, gate, node
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr == "_inner":
+            raise AttributeError(attr)
+        return getattr(self._inner, attr)
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    @property
+    def cached_tools(self) -> Any:
+        return self._inner.cached_tools
+
+    async def connect(self) -> Any:
+        return await self._inner.connect()
+
+    async def cleanup(self) -> Any:
+        return await self._inner.cleanup()
+
+    async def list_tools(self, run_context: Any = None, agent: Any = None) -> Any:
+        return await self._inner.list_tools(run_context, agent)
+
+    async def list_prompts(self) -> Any:
+        return await self._inner.list_prompts()
+
+    async def get_prompt(self, name: str, arguments: dict[str, Any] | None = None) -> Any:
+        return await self._inner.get_prompt(name, arguments)
+
+    async def list_resources(self, cursor: str | None = None) -> Any:
+        return await self._inner.list_resources(cursor)
+
+    async def list_resource_templates(self, cursor: str | None = None) -> Any:
+        return await self._inner.list_resource_templates(cursor)
+
+    async def read_resource(self, uri: str) -> Any:
+        return await self._inner.read_resource(uri)
+
+    async def call_tool(self, tool_name: str, arguments: dict[str, Any] | None, meta: dict[str, Any] | None = None) -> Any:
+        server = self._inner.name
+        async with self._gate.call(self._node.token, f"{server}/{tool_name}", required_scope=mcp_scope(server, tool_name)):
+            if meta is None:
+                return await self._inner.call_tool(tool_name, arguments)
+            return await self._inner.call_tool(tool_name, arguments, meta=meta)
+
+
+def _gated_mcp_server(server: MCPServer, gate: ToolGate, node: Node) -> MCPServer:
+    """``server`` as ``node``'s agent holds it: each tool call gated
+    (``_GatedMCPServer``), the server given unwrapped first if another
+    node's agent held it."""
+    return _GatedMCPServer(getattr(server, "_inner", server), gate, node)
+
+
 def _gates_locally(t: Any) -> bool:
     """Whether ``t`` runs here, gated, without being a function tool."""
     return isinstance(t, (LocalShellTool, ApplyPatchTool, CustomTool, ComputerTool)) or (
@@ -210,7 +286,9 @@ def _gates_locally(t: Any) -> bool:
 
 
 def _reach(sdk_agent: SDKAgent) -> list[str]:
-    """``tool:<name>`` for each function tool of ``sdk_agent`` and of every
+    """``tool:<name>`` for each function tool of ``sdk_agent`` (and
+    ``mcp:<server>/*`` for each of its MCP servers, whose tools are listed
+    only at run time) and of every
     agent it can hand off to, and they in turn (a ``handoff()``'s scopes
     for its target; a clone Tether bound to a node runs as that node and
     needs none): what its child node delegates on to the children it
@@ -233,6 +311,9 @@ def _reach(sdk_agent: SDKAgent) -> list[str]:
                 scopes += [s for s in spec[2] if s not in scopes]
             elif spec is not None:
                 todo.append(spec[0])
+        for server in a.mcp_servers:
+            if mcp_scope(server.name) not in scopes:
+                scopes.append(mcp_scope(server.name))
         for h in a.handoffs:
             spec = getattr(h, "_tether_spec", None)
             if spec is not None:
@@ -270,7 +351,8 @@ class TetherAgents:
         adapter wraps every handoff it reaches."""
         tools = [self._tool(t, node) for t in sdk_agent.tools]
         handoffs = overrides.pop("handoffs", sdk_agent.handoffs)
-        copy = sdk_agent.clone(tools=tools, handoffs=[], **overrides)
+        servers = [_gated_mcp_server(s, self.subtree.gate, node) for s in overrides.pop("mcp_servers", sdk_agent.mcp_servers)]
+        copy = sdk_agent.clone(tools=tools, handoffs=[], mcp_servers=servers, **overrides)
         copy._tether_node = node  # type: ignore[attr-defined]
         copy.handoffs = [self._tethered_handoff(h, node) for h in handoffs]
         return copy
