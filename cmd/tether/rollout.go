@@ -196,7 +196,9 @@ func rolloutProgressLine(r *tetherv1.Rollout) string {
 }
 
 // printRollout prints r, the answer's rollout, refused when it is not the
-// one asked for (any, when asked is "").
+// one asked for (any, when asked is ""). Its reason is printable: a
+// completed rollout's names the job ids of the leases it did not hand
+// over, each its offerer's text (rogue47d).
 func printRollout(g *globals, w io.Writer, asked string, r *tetherv1.Rollout) error {
 	if err := carried("rollout", asked, r.GetRolloutId(), r.GetRolloutId() != ""); err != nil {
 		return err
