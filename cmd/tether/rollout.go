@@ -169,7 +169,7 @@ func followRollout(g *globals, cmd *cobra.Command, c *clients, id string) error 
 	if last == nil {
 		return fmt.Errorf("rollout %s: the watch ended without an update", id)
 	}
-	fmt.Fprintf(w, "%s: %s\n", rolloutStateName(last.State), orDash(last.Reason))
+	fmt.Fprintf(w, "%s: %s\n", rolloutStateName(last.State), orDash(printable(last.Reason)))
 	if last.State == tetherv1.RolloutState_ROLLOUT_STATE_PAUSED {
 		fmt.Fprintf(w, "resume with: tether rollout resume %s\n", last.RolloutId)
 	}
@@ -196,7 +196,9 @@ func rolloutProgressLine(r *tetherv1.Rollout) string {
 }
 
 // printRollout prints r, the answer's rollout, refused when it is not the
-// one asked for (any, when asked is "").
+// one asked for (any, when asked is ""). Its reason is printable: a
+// completed rollout's names the job ids of the leases it did not hand
+// over, each its offerer's text (rogue47d).
 func printRollout(g *globals, w io.Writer, asked string, r *tetherv1.Rollout) error {
 	if err := carried("rollout", asked, r.GetRolloutId(), r.GetRolloutId() != ""); err != nil {
 		return err
@@ -205,7 +207,7 @@ func printRollout(g *globals, w io.Writer, asked string, r *tetherv1.Rollout) er
 		return err
 	}
 	fmt.Fprintf(w, "rollout_id:       %s\nstate:            %s\nreason:           %s\nselector:         %s\ntarget:           %s\nbatch:            %d (max unavailable %d, deadline %s)\nrequested_by:     %s\n%s\n",
-		r.RolloutId, rolloutStateName(r.State), orDash(r.Reason), r.Selector, r.TargetSelector, r.Batch, r.MaxUnavailable,
+		r.RolloutId, rolloutStateName(r.State), orDash(printable(r.Reason)), r.Selector, r.TargetSelector, r.Batch, r.MaxUnavailable,
 		r.BatchDeadline.AsDuration(), r.RequestedBy, rolloutProgressLine(r))
 	if len(r.Batches) == 0 {
 		return nil

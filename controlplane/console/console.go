@@ -59,8 +59,11 @@ type Console struct {
 
 // session is one signed-in operator. The token stays here, in memory.
 type session struct {
-	id        string
-	csrf      string
+	id   string
+	csrf string
+	// bind is the secret the sign-in gave this browser in its redirect's
+	// fragment (boundAction): never in a page, a cookie or a request's URL.
+	bind      string
 	principal string
 	role      tetherv1.Role
 	seq       uint64 // sign-in order
@@ -165,13 +168,13 @@ func (c *Console) routes() {
 	c.mux.Handle("GET /ui/static/", http.StripPrefix("/ui/static/", http.FileServerFS(static)))
 	c.mux.HandleFunc("GET /ui/signin", c.signinPage)
 	c.mux.Handle("POST /ui/signin", c.cop.Handler(http.HandlerFunc(c.signin)))
-	c.mux.Handle("POST /ui/signout", c.action(c.signout))
+	c.mux.Handle("POST /ui/signout", c.action(c.signout, false))
 	c.mux.Handle("GET /ui/{$}", c.page(func(w http.ResponseWriter, r *http.Request, _ *session) {
 		http.Redirect(w, r, "/ui/tree", http.StatusSeeOther)
 	}))
 	c.mux.Handle("GET /ui/tree", c.page(c.tree))
 	c.mux.Handle("GET /ui/nodes/{id}", c.page(c.node))
-	c.mux.Handle("POST /ui/nodes/{id}/terminate", c.action(c.terminate))
+	c.mux.Handle("POST /ui/nodes/{id}/terminate", c.action(c.terminate, true))
 	c.mux.Handle("GET /ui/terminations/{id}", c.page(c.termination))
 	c.mux.Handle("GET /ui/terminations/{id}/events", c.page(c.terminationEvents))
 	c.mux.Handle("GET /ui/records", c.page(c.records))
@@ -182,12 +185,12 @@ func (c *Console) routes() {
 	c.mux.Handle("GET /ui/jobs/{job}/evidence/csv", c.page(c.evidenceCSV))
 	c.mux.Handle("GET /ui/grants/{id}", c.page(c.grant))
 	c.mux.Handle("GET /ui/grants/{id}/revoke", c.page(c.revokeConfirm))
-	c.mux.Handle("POST /ui/grants/{id}/revoke", c.action(c.revoke))
-	c.mux.Handle("POST /ui/proposals/{id}/decide", c.action(c.decide))
+	c.mux.Handle("POST /ui/grants/{id}/revoke", c.action(c.revoke, true))
+	c.mux.Handle("POST /ui/proposals/{id}/decide", c.action(c.decide, true))
 	c.mux.Handle("GET /ui/rollouts", c.page(c.rollouts))
 	c.mux.Handle("GET /ui/rollouts/{id}", c.page(c.rollout))
 	c.mux.Handle("GET /ui/rollouts/{id}/events", c.page(c.rolloutEvents))
-	c.mux.Handle("POST /ui/rollouts/{id}/{op}", c.action(c.rolloutAction))
+	c.mux.Handle("POST /ui/rollouts/{id}/{op}", c.action(c.rolloutAction, true))
 	c.mux.Handle("GET /ui/revocations", c.page(c.revocations))
 	c.mux.Handle("GET /ui/revocations/events", c.page(c.revocationEvents))
 	c.mux.HandleFunc("/ui/", func(w http.ResponseWriter, r *http.Request) {
@@ -304,8 +307,9 @@ const maxSessionsPerPrincipal = 32
 const maxFormBytes = 64 << 10
 
 // action wraps a state-changing POST: same-origin (CrossOriginProtection),
-// a live session, and the session's CSRF token, or nothing happens.
-func (c *Console) action(h func(http.ResponseWriter, *http.Request, *session)) http.Handler {
+// a live session, and the session's CSRF token, or nothing happens; a
+// bound action also the session's bind secret (boundAction).
+func (c *Console) action(h func(http.ResponseWriter, *http.Request, *session), bound bool) http.Handler {
 	return c.cop.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
 		if err := r.ParseForm(); err != nil {
@@ -322,9 +326,28 @@ func (c *Console) action(h func(http.ResponseWriter, *http.Request, *session)) h
 			c.fail(w, r, s, http.StatusForbidden, "refused: missing or wrong CSRF token", "The form did not carry this session's CSRF token, so it did not come from a console page you opened. Nothing was changed.")
 			return
 		}
+		if got := r.PostForm.Get("bind"); bound && (got == "" || subtle.ConstantTimeCompare([]byte(got), []byte(s.bind)) != 1) {
+			c.fail(w, r, s, http.StatusForbidden, "refused: not the browser that signed in", "The form did not carry the secret the console gave the browser that signed in to this session (its script adds it to every form). Nothing was changed. Sign out and sign in again in this browser.")
+			return
+		}
 		h(w, r, s)
 	}))
 }
+
+// boundAction: a session's cookie is not the operator's alone. Cookies
+// are not isolated by port (RFC 6265 §8.5): the browser sends the
+// console's session cookie, HttpOnly and SameSite=Strict as it is, with
+// every request of a page of any port of the console's host, to that
+// port, so an agent serving a page there ("my report:
+// http://127.0.0.1:8800/") read the session id from the operator's visit,
+// and its own client, which sends no Fetch Metadata, read a console page
+// in the session for its CSRF token and acted as the operator. An action
+// (but sign-out) also needs the session's bind secret, which the sign-in
+// gives the browser in the fragment of its redirect (a browser never
+// sends a fragment to a server): the console's script keeps it in the
+// console origin's localStorage, which no other port's page reads, and
+// adds it to every form it posts. No page, cookie or URL the browser
+// sends holds it.
 
 func randomID() string {
 	b := make([]byte, 32)
@@ -372,7 +395,7 @@ func (c *Console) signin(w http.ResponseWriter, r *http.Request) {
 	if e := who.Msg.ExpiresAt; e != nil && e.AsTime().Before(expires) {
 		expires = e.AsTime()
 	}
-	s := &session{id: randomID(), csrf: randomID(), principal: who.Msg.Principal, role: who.Msg.Role, expires: expires, clients: cl}
+	s := &session{id: randomID(), csrf: randomID(), bind: randomID(), principal: who.Msg.Principal, role: who.Msg.Role, expires: expires, clients: cl}
 	s.ended, s.end = context.WithCancel(context.Background())
 	c.mu.Lock()
 	// Drop expired sessions, the one this browser had, and the oldest of
@@ -416,7 +439,9 @@ func (c *Console) signin(w http.ResponseWriter, r *http.Request) {
 		Name: cookieName(r), Value: s.id, Path: "/",
 		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode,
 	})
-	http.Redirect(w, r, "/ui/tree", http.StatusSeeOther)
+	// The bind secret in the fragment, for the console's script alone
+	// (boundAction).
+	http.Redirect(w, r, "/ui/tree#bind="+s.bind, http.StatusSeeOther)
 }
 
 func (c *Console) signout(w http.ResponseWriter, r *http.Request, s *session) {

@@ -343,7 +343,7 @@ func TestRogue45AConsoleTakesNoForgedAnswerForItsObject(t *testing.T) {
 		form         url.Values
 	}
 	form := func(kv ...string) url.Values {
-		v := url.Values{"csrf": {csrf}}
+		v := url.Values{"csrf": {csrf}, "bind": {b.bind}}
 		for i := 0; i+1 < len(kv); i += 2 {
 			v.Set(kv[i], kv[i+1])
 		}

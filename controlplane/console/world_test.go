@@ -3,6 +3,7 @@ package console_test
 import (
 	"context"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -151,6 +152,10 @@ type browser struct {
 	t    *testing.T
 	base string
 	hc   *http.Client
+	// bind is the secret its last sign-in's redirect carried in its
+	// fragment, which the console's script adds to every form posted
+	// (post does, unless the form names one).
+	bind string
 }
 
 func newBrowser(t *testing.T, base string) *browser {
@@ -185,6 +190,10 @@ func (b *browser) get(path string) page {
 // as a browser would (pass nil for a non-browser client that sends none).
 func (b *browser) post(path string, form url.Values, headers map[string]string) page {
 	b.t.Helper()
+	if _, ok := form["bind"]; !ok && b.bind != "" {
+		form = maps.Clone(form)
+		form.Set("bind", b.bind)
+	}
 	req, _ := http.NewRequest("POST", b.base+path, strings.NewReader(form.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	for k, v := range headers {
@@ -200,7 +209,11 @@ func (b *browser) sameOrigin() map[string]string {
 
 func (b *browser) signIn(token string) page {
 	b.t.Helper()
-	return b.post("/ui/signin", url.Values{"token": {token}}, b.sameOrigin())
+	p := b.post("/ui/signin", url.Values{"token": {token}}, b.sameOrigin())
+	if _, bind, ok := strings.Cut(p.header.Get("Location"), "#bind="); ok {
+		b.bind = bind
+	}
+	return p
 }
 
 var csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)

@@ -1,5 +1,6 @@
 // The console's only script: the tree's quick filter and collapse buttons,
-// and live pages fed by server-sent events. Pages work without it (reload).
+// live pages fed by server-sent events, and the session's bind secret its
+// forms carry. Pages read without it (reload); actions need it.
 "use strict";
 
 function $(sel) { return document.querySelector(sel); }
@@ -151,7 +152,33 @@ function setupFeed() {
   es.addEventListener("failed", (ev) => { es.close(); $("#feed-status").textContent = "Stopped: " + JSON.parse(ev.data).error; });
 }
 
+// ---- the session's bind secret ----
+// The sign-in's redirect carries it in its fragment, which no server is
+// sent; it is kept in this origin's localStorage (no page of another port
+// of the console's host reads it, though the browser sends such a page's
+// server the session cookie) and added to every form posted, as the
+// console's actions require (console.go, boundAction).
+const bindKey = "tether-console-bind";
+
+function setupBind() {
+  if (location.hash.startsWith("#bind=")) {
+    localStorage.setItem(bindKey, location.hash.slice("#bind=".length));
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+  document.addEventListener("submit", (ev) => {
+    const form = ev.target;
+    if (form.method !== "post" || form.elements.namedItem("bind")) return;
+    const input = document.createElement("input");
+    input.type = "hidden";
+    input.name = "bind";
+    input.value = localStorage.getItem(bindKey) || "";
+    form.appendChild(input);
+    if (form.getAttribute("action") === "/ui/signout") localStorage.removeItem(bindKey);
+  });
+}
+
 document.addEventListener("DOMContentLoaded", () => {
+  setupBind();
   setupTree();
   setupTermination();
   setupRollout();
