@@ -754,13 +754,21 @@ func (a *Agent) AddStopRule(ctx context.Context, nodeID string, r StopRule) (*te
 }
 
 // StopRules lists the rules in effect at the agent's node, inherited
-// ones included.
+// ones included, reading every page (each a request of the tree's
+// budget).
 func (a *Agent) StopRules(ctx context.Context) ([]*tetherv1.StopRule, error) {
-	resp, err := a.conn.StopRule.ListStopRules(ctx, connect.NewRequest(&tetherv1.ListStopRulesRequest{NodeId: a.id}))
-	if err != nil {
-		return nil, err
+	var out []*tetherv1.StopRule
+	token := ""
+	for {
+		resp, err := a.conn.StopRule.ListStopRules(ctx, connect.NewRequest(&tetherv1.ListStopRulesRequest{NodeId: a.id, PageToken: token}))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, resp.Msg.Rules...)
+		if token = resp.Msg.NextPageToken; token == "" {
+			return out, nil
+		}
 	}
-	return resp.Msg.Rules, nil
 }
 
 // ReportCounters reports counters about this agent (cost, tokens, ...);

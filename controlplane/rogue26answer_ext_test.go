@@ -14,6 +14,7 @@ import (
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/stoprule"
 )
 
 // TestRogue26ARogueCannotHaveTheServerAnswerMegabytesForOneRequest: a stop
@@ -28,7 +29,9 @@ import (
 // request per controlplane.AnswerBytesPerRequest (256 KiB) past its first,
 // beyond what the call already paid for its work, taken once the answer is
 // built even past what the budget has left (the budget goes into debt and
-// admits nothing more until it is refilled).
+// admits nothing more until it is refilled). Since the forty-seventh pass
+// a listing is answered a page of at most 500 rules at a time (rogue47e):
+// each first page of the 512 is priced as its size.
 func TestRogue26ARogueCannotHaveTheServerAnswerMegabytesForOneRequest(t *testing.T) {
 	if testing.Short() {
 		t.Skip("By design: -short skips the 512 rules this test sets up; make test and CI run them.")
@@ -79,8 +82,10 @@ func TestRogue26ARogueCannotHaveTheServerAnswerMegabytesForOneRequest(t *testing
 		if err != nil {
 			return 0, err
 		}
-		if len(resp.Msg.Rules) != 8*64 {
-			t.Fatalf("the listing has %d rules, want %d", len(resp.Msg.Rules), 8*64)
+		// The listing's first page (since the forty-seventh pass a
+		// listing is answered at most stoprule.MaxListPage rules a page).
+		if len(resp.Msg.Rules) != stoprule.MaxListPage || resp.Msg.NextPageToken == "" {
+			t.Fatalf("the listing's first page has %d rules (next %q), want %d of %d and a next page", len(resp.Msg.Rules), resp.Msg.NextPageToken, stoprule.MaxListPage, 8*64)
 		}
 		return proto.Size(resp.Msg), nil
 	}

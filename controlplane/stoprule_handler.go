@@ -128,11 +128,19 @@ func (h *stopRuleService) ListStopRules(ctx context.Context, req *connect.Reques
 	if err != nil {
 		return nil, err
 	}
-	rules, err := h.s.stopRules.List(ctx, a, req.Msg.NodeId)
+	if req.Msg.PageSize < 0 {
+		return nil, invalid("page_size must not be negative")
+	}
+	// A page at a time (at most stoprule.MaxListPage rules, under 4 MiB),
+	// each a request of the caller's budget: a rogue that filled its
+	// chain with its allotments of the largest rules had one request list
+	// them all, over 4 MiB for 1,664 rules, past the SDKs' 16 MiB for a
+	// full chain, which no operator could then list.
+	rules, next, err := h.s.stopRules.ListPage(ctx, a, req.Msg.NodeId, req.Msg.PageToken, int(req.Msg.PageSize))
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.ListStopRulesResponse{Rules: wire.StopRules(rules)}), nil
+	return connect.NewResponse(&tetherv1.ListStopRulesResponse{Rules: wire.StopRules(rules), NextPageToken: next}), nil
 }
 
 func (h *stopRuleService) RemoveStopRule(ctx context.Context, req *connect.Request[tetherv1.RemoveStopRuleRequest]) (*connect.Response[tetherv1.RemoveStopRuleResponse], error) {

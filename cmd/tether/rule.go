@@ -76,11 +76,20 @@ func newRuleListCommand(g *globals) *cobra.Command {
 			if len(args) == 1 {
 				node = args[0]
 			}
-			resp, err := c.StopRule.ListStopRules(cmd.Context(), connect.NewRequest(&tetherv1.ListStopRulesRequest{NodeId: node}))
-			if err != nil {
-				return err
+			// Every page (at most 500 rules each), then printed as one list.
+			var rules []*tetherv1.StopRule
+			token := ""
+			for {
+				resp, err := c.StopRule.ListStopRules(cmd.Context(), connect.NewRequest(&tetherv1.ListStopRulesRequest{NodeId: node, PageToken: token}))
+				if err != nil {
+					return err
+				}
+				rules = append(rules, resp.Msg.Rules...)
+				if token = resp.Msg.NextPageToken; token == "" {
+					break
+				}
 			}
-			return printList(g, cmd.OutOrStdout(), resp.Msg.Rules, "RULE\tNAME\tON\tSET BY\tACTION\tSEVERITY\tEXPRESSION", func(r *tetherv1.StopRule) []string {
+			return printList(g, cmd.OutOrStdout(), rules, "RULE\tNAME\tON\tSET BY\tACTION\tSEVERITY\tEXPRESSION", func(r *tetherv1.StopRule) []string {
 				on := r.NodeId
 				if on == "" {
 					on = "selector " + selectorString(r.Selector)

@@ -512,6 +512,148 @@ func (r *Rules) List(ctx context.Context, a Actor, nodeID string) ([]*Rule, erro
 	return out, err
 }
 
+// MaxListPage is the most rules a ListPage answers: a rule is up to some
+// 5 KB (a 2 KiB expression, a 512-byte description, 16 labels of 63
+// characters each side), so a page stays under the 4 MiB the control
+// plane pages its long answers to stay under. Until the forty-seventh
+// pass every rule was answered at once, and a rogue that filled its
+// chain's nodes with its allotments had one request buy a listing of
+// thousands (rogue47e tests).
+const MaxListPage = 500
+
+// ListPage is List a page at a time: at most pageSize rules (0, or more
+// than MaxListPage, means MaxListPage), from after pageToken (the next
+// token of the previous page about the same node; empty for the first),
+// and the next page's token, empty when no rule follows. Every rule
+// (nodeID empty, operators only) is listed by rule id; a node's rules in
+// effect in List's order: the selector rules in effect by rule id, then
+// the rules attached to each node of its lineage, root first, each by
+// rule id. A page reads the records it answers, one more to learn whether
+// any follows, and the selector rules (at most MaxRulesPerNode) to judge
+// which are in effect; never the rest of the listing.
+func (r *Rules) ListPage(ctx context.Context, a Actor, nodeID, pageToken string, pageSize int) ([]*Rule, string, error) {
+	if nodeID == "" && a.IsAgent() {
+		return nil, "", fmt.Errorf("%w: agent %s must name a node_id of its subtree", ErrDenied, a.NodeID)
+	}
+	if pageSize <= 0 || pageSize > MaxListPage {
+		pageSize = MaxListPage
+	}
+	var out []*Rule
+	var next string
+	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
+		out, next = nil, ""
+		if nodeID == "" {
+			var start []byte
+			if pageToken != "" {
+				if err := id.Check(id.StopRule, "page_token", pageToken); err != nil {
+					return fmt.Errorf("%w: %v", ErrInvalidRule, err)
+				}
+				start = append(ruleKey(pageToken), 0)
+			}
+			return tx.Scan([]byte(prefixRule), start, func(_, v []byte) error {
+				if len(out) == pageSize {
+					next = out[len(out)-1].RuleID
+					return store.ErrStopScan
+				}
+				rule := &Rule{}
+				if err := storecodec.Unmarshal(v, rule); err != nil {
+					return err
+				}
+				out = append(out, rule)
+				return nil
+			})
+		}
+		n, err := r.readable(tx, a, nodeID)
+		if err != nil {
+			return err
+		}
+		out, next, err = rulesInEffectPage(tx, n, pageToken, pageSize)
+		return err
+	})
+	return out, next, err
+}
+
+// rulesInEffectPage is a page of rulesInEffect's rules, each a copy
+// marked inherited unless attached to n: the index's keys are read in
+// order, from pageToken (the last listed rule's index key, past
+// prefixAll), and only the records of the rules answered.
+func rulesInEffectPage(tx store.ReadTxn, n *tree.Node, pageToken string, pageSize int) ([]*Rule, string, error) {
+	prefixes := []string{prefixSel}
+	for _, id := range append(append([]string(nil), n.Ancestors...), n.NodeID) {
+		prefixes = append(prefixes, prefixOn+id+"/")
+	}
+	from, start := 0, []byte(nil)
+	if pageToken != "" {
+		key := prefixAll + pageToken
+		from = -1
+		for i, p := range prefixes {
+			if strings.HasPrefix(key, p) && id.Check(id.StopRule, "page_token", key[len(p):]) == nil {
+				from, start = i, append([]byte(key), 0)
+				break
+			}
+		}
+		if from < 0 {
+			return nil, "", fmt.Errorf("%w: page_token is not a rule in effect at node %s", ErrInvalidRule, n.NodeID)
+		}
+	}
+	type listed struct {
+		key  string
+		rule *Rule
+	}
+	var page []listed
+	var ancestors []*tree.Node
+	read := false
+	for i := from; i < len(prefixes) && len(page) <= pageSize; i++ {
+		p := prefixes[i]
+		var keys []string
+		if err := tx.Scan([]byte(p), start, func(k, _ []byte) error {
+			// Every selector rule from start (at most MaxRulesPerNode),
+			// to judge which apply; of a node's, every one applies.
+			if i > 0 && len(page)+len(keys) > pageSize {
+				return store.ErrStopScan
+			}
+			keys = append(keys, string(k))
+			return nil
+		}); err != nil {
+			return nil, "", err
+		}
+		start = nil
+		ids := make([]string, len(keys))
+		for j, k := range keys {
+			ids[j] = k[len(p):]
+		}
+		rules, err := rulesByID(tx, ids)
+		if err != nil {
+			return nil, "", err
+		}
+		for j, rule := range rules {
+			if i == 0 && !tree.MatchLabels(n.Labels, rule.Selector) && !read {
+				// A selector rule not matching n may be inherited.
+				if ancestors, err = ancestorNodes(tx, n); err != nil {
+					return nil, "", err
+				}
+				read = true
+			}
+			if !Applies(rule, n, ancestors...) || len(page) > pageSize {
+				continue
+			}
+			c := rule.clone()
+			c.Inherited = rule.NodeID != n.NodeID
+			page = append(page, listed{keys[j], c})
+		}
+	}
+	next := ""
+	if len(page) > pageSize {
+		page = page[:pageSize]
+		next = strings.TrimPrefix(page[pageSize-1].key, prefixAll)
+	}
+	out := make([]*Rule, len(page))
+	for i, l := range page {
+		out[i] = l.rule
+	}
+	return out, next, nil
+}
+
 func (r *Rules) readable(tx store.ReadTxn, a Actor, nodeID string) (*tree.Node, error) {
 	if err := id.Check(id.Node, "node_id", nodeID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidRule, err)

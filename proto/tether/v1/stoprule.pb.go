@@ -844,7 +844,15 @@ type ListStopRulesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The node whose rules in effect are listed; empty lists every rule
 	// (operators only).
-	NodeId        string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// At most page_size rules an answer (0, or more than 500, means 500):
+	// every rule by rule id, or a node's rules in effect, the operators'
+	// selector rules first, then those attached to each node of its
+	// lineage, root first, each by rule id. Rules are up to some 5 KB, so
+	// a page stays under 4 MiB.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous answer about the same node_id.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -886,9 +894,25 @@ func (x *ListStopRulesRequest) GetNodeId() string {
 	return ""
 }
 
+func (x *ListStopRulesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListStopRulesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListStopRulesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rules         []*StopRule            `protobuf:"bytes,1,rep,name=rules,proto3" json:"rules,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rules []*StopRule            `protobuf:"bytes,1,rep,name=rules,proto3" json:"rules,omitempty"`
+	// Set when more rules may follow: pass it as page_token.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -928,6 +952,13 @@ func (x *ListStopRulesResponse) GetRules() []*StopRule {
 		return x.Rules
 	}
 	return nil
+}
+
+func (x *ListStopRulesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type RemoveStopRuleRequest struct {
@@ -1390,11 +1421,15 @@ const file_tether_v1_stoprule_proto_rawDesc = "" +
 	"\x04rule\x18\x01 \x01(\v2\x13.tether.v1.StopRuleR\x04rule\x12%\n" +
 	"\x0eestimated_cost\x18\x02 \x01(\x04R\restimatedCost\x12\x1f\n" +
 	"\vcost_budget\x18\x03 \x01(\x04R\n" +
-	"costBudget\"/\n" +
+	"costBudget\"k\n" +
 	"\x14ListStopRulesRequest\x12\x17\n" +
-	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"B\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"j\n" +
 	"\x15ListStopRulesResponse\x12)\n" +
-	"\x05rules\x18\x01 \x03(\v2\x13.tether.v1.StopRuleR\x05rules\"0\n" +
+	"\x05rules\x18\x01 \x03(\v2\x13.tether.v1.StopRuleR\x05rules\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"0\n" +
 	"\x15RemoveStopRuleRequest\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\"A\n" +
 	"\x16RemoveStopRuleResponse\x12'\n" +
