@@ -85,6 +85,12 @@ func (s *Server) tokenRevoked(ctx context.Context, tokenID string) (bool, error)
 	if err != nil || revoked || s.grants.FeedFollowing() {
 		return revoked, err
 	}
+	return s.tokenRecordRevoked(ctx, tokenID)
+}
+
+// tokenRecordRevoked reads, from the store, whether the token's record
+// says it was revoked (a token without a record was not).
+func (s *Server) tokenRecordRevoked(ctx context.Context, tokenID string) (revoked bool, err error) {
 	err = s.store.View(ctx, func(tx store.ReadTxn) error {
 		info, err := getTokenInfo(tx, tokenID)
 		if errors.Is(err, store.ErrNotFound) {
@@ -98,6 +104,33 @@ func (s *Server) tokenRevoked(ctx context.Context, tokenID string) (bool, error)
 		return nil
 	})
 	return revoked, err
+}
+
+// refreshAgent mints the fresh credential a session or a heartbeat hands
+// out in place of p's, of its line (auth.Interceptor.RefreshAgent), now
+// being the caller's reading before this one, once the line's record says
+// it is not revoked. The call was admitted on this replica's tombstone
+// set, which follows the store as fast as its feed does: on a replica
+// whose feed heard of a revocation taken on another a few seconds late,
+// a refresh in between minted a credential of the revoked line after the
+// revocation was acknowledged, which outlived its tombstone (that lives a
+// credential's lifetime and a leeway from its commit) and, refreshed
+// again once the tombstone had dropped, began the line anew for as long
+// as the node ran (rogue47a test). The record, which RevokeToken writes
+// in the transaction of the tombstone, is read here from the store: one
+// read a refresh, once a credential's last third. A credential without an
+// id has no line to read.
+func (s *Server) refreshAgent(ctx context.Context, p auth.Principal, now time.Time) (token string, exp time.Time, err error) {
+	if p.TokenID != "" {
+		revoked, err := s.tokenRecordRevoked(ctx, p.TokenID)
+		if err != nil {
+			return "", time.Time{}, connect.NewError(connect.CodeUnavailable, fmt.Errorf("auth: cannot check the credential's revocation: %w", err))
+		}
+		if revoked {
+			return "", time.Time{}, connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("%w: token %s was revoked", auth.ErrRevoked, p.TokenID))
+		}
+	}
+	return s.authn.RefreshAgent(p, now, s.cfg.AgentCredentialTTL)
 }
 
 // tombstonePublished is the grant store's OnPublish: the metrics, and,
