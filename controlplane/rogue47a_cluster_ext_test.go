@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
@@ -164,4 +165,74 @@ func TestRogue47AACredentialRevokedOnOneReplicaIsNotRefreshedOnAnotherWhoseFeedL
 	clk.Advance(15 * time.Minute) // every credential of the line minted before, or up to 10 s after, the revocation has expired
 	served := revived != "" && whoAmI(a.Clients(revived)) == nil
 	t.Fatalf("B handed out a credential of the revoked line 10 s after its revocation (unary %v, session %v); once the tombstone dropped it was refreshed again on A (%v), and that one served 30 minutes after the revocation: %v; want no credential of a revoked line handed out", unary != "", onSession != "", revived != "", served)
+}
+
+// TestRogue47AARevokedAdminTokenMintsNoTokenOnAReplicaWhoseFeedLags: a
+// rogue holding a leaked admin token talks to replica B, whose
+// revocation feed follows etcd late (its watch open, delivering nothing
+// for a while). The security team revokes the token on replica A; a
+// moment later, before B's feed has it, the rogue asks B for a token of
+// its own. B minted it, of a new id the revocation never named, an admin's
+// for as long as the rogue asked: the revocation acknowledged, and the
+// rogue an admin still, once B's feed had caught up, on every replica. A
+// token is now minted only once the caller's token's record, which the
+// revocation wrote with its tombstone, says it is not revoked: B refuses.
+func TestRogue47AARevokedAdminTokenMintsNoTokenOnAReplicaWhoseFeedLags(t *testing.T) {
+	cluster := etcdtest.Start(t)
+	prefix := etcdtest.Prefix(t)
+	stA := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = prefix })
+	a := testserver.Start(t, testserver.WithEtcdStore(stA, "replica-a"))
+	stB := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = prefix })
+	lagB := newStallingStore(stB, "grantstore.(*Service).followFeed")
+	b := testserver.Start(t, testserver.WithEtcdStore(stB, "replica-b"), func(cfg *controlplane.Config) { cfg.Store = lagB })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a guard against a hang, not a timing
+	defer cancel()
+	adminA := a.AdminClients()
+	leaked, err := adminA.Auth.CreateToken(ctx, connect.NewRequest(&tetherv1.CreateTokenRequest{Subject: "release-bot", Role: tetherv1.Role_ROLE_ADMIN, Ttl: durationpb.New(time.Hour)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := whoAmI(b.Clients(leaked.Msg.Token)); err != nil {
+		t.Fatalf("the admin token's first call through B: %v", err)
+	}
+
+	resume := lagB.stall()
+	defer resume()
+	if _, err := adminA.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{TokenId: leaked.Msg.TokenId, Reason: "leaked in a build log"})); err != nil {
+		t.Fatal(err)
+	}
+	wantLimit(t, "a call with the revoked admin token on A", whoAmI(a.Clients(leaked.Msg.Token)), connect.CodeUnauthenticated, "revoked")
+
+	var (
+		minted   []string
+		refusals []error
+	)
+	for _, req := range []*tetherv1.CreateTokenRequest{
+		{Subject: "release-bot", Role: tetherv1.Role_ROLE_ADMIN, Ttl: durationpb.New(controlplane.MaxOperatorTokenTTL)},
+		{ToolServer: "rogue-gate", Ttl: durationpb.New(controlplane.MaxOperatorTokenTTL)},
+	} {
+		got, err := b.Clients(leaked.Msg.Token).Auth.CreateToken(ctx, connect.NewRequest(req))
+		if err != nil {
+			refusals = append(refusals, err)
+			continue
+		}
+		minted = append(minted, got.Msg.Token)
+	}
+	t.Logf("on B, its feed behind, after A acknowledged the admin token's revocation: %d of 2 tokens minted for it (an admin's, a tool server's)", len(minted))
+	if len(minted) != 0 {
+		// What they are worth once B's feed has caught up.
+		resume()
+		testserver.WaitFor(t, 30*time.Second, "B's feed to hear the revocation", func() bool { return whoAmI(b.Clients(leaked.Msg.Token)) != nil })
+		served := 0
+		for _, token := range minted {
+			if whoAmI(a.Clients(token)) == nil && whoAmI(b.Clients(token)) == nil {
+				served++
+			}
+		}
+		t.Fatalf("B minted %d of 2 tokens for an admin token whose revocation A had acknowledged, %d of them served on A and B once B's feed had caught up; want none minted", len(minted), served)
+	}
+	for _, err := range refusals {
+		wantLimit(t, "a token asked of B with the revoked admin token", err, connect.CodeUnauthenticated, "revoked")
+	}
 }
