@@ -37,8 +37,12 @@ func roleToProto(r auth.Role) tetherv1.Role {
 }
 
 func (a *authService) CreateToken(ctx context.Context, req *connect.Request[tetherv1.CreateTokenRequest]) (*connect.Response[tetherv1.CreateTokenResponse], error) {
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if req.Msg.ToolServer != "" {
-		return a.createToolServerToken(ctx, req.Msg)
+		return a.createToolServerToken(ctx, p, req.Msg)
 	}
 	role, ok := roleFromProto[req.Msg.Role]
 	if !ok {
@@ -58,13 +62,14 @@ func (a *authService) CreateToken(ctx context.Context, req *connect.Request[teth
 	if !namePattern.MatchString(subject) {
 		return nil, invalid("subject must be 1-63 characters of letters, digits, '.', '_' or '-'")
 	}
+	// Only for a caller whose token the store does not say is revoked
+	// (this replica's feed may not have it yet).
+	if err := a.s.mintableBy(ctx, p); err != nil {
+		return nil, err
+	}
 	token, tokenID, exp, err := a.s.authn.MintOperator(subject, role, a.s.cfg.Clock.Now(), ttl)
 	if err != nil {
 		return nil, toConnect(err)
-	}
-	p, err := principalOf(ctx)
-	if err != nil {
-		return nil, err
 	}
 	// Recorded before it is handed out: a token nobody can list or revoke
 	// is never returned.
@@ -77,7 +82,7 @@ func (a *authService) CreateToken(ctx context.Context, req *connect.Request[teth
 
 // createToolServerToken mints a tool server's token: its name is its gate
 // id in the ledger, and it may call only ToolService (and WhoAmI).
-func (a *authService) createToolServerToken(ctx context.Context, msg *tetherv1.CreateTokenRequest) (*connect.Response[tetherv1.CreateTokenResponse], error) {
+func (a *authService) createToolServerToken(ctx context.Context, p auth.Principal, msg *tetherv1.CreateTokenRequest) (*connect.Response[tetherv1.CreateTokenResponse], error) {
 	if msg.Role != tetherv1.Role_ROLE_UNSPECIFIED {
 		return nil, invalid("role and tool_server are exclusive: a token is an operator's (role) or a tool server's (tool_server), not both")
 	}
@@ -94,13 +99,12 @@ func (a *authService) createToolServerToken(ctx context.Context, msg *tetherv1.C
 	if ttl <= 0 || ttl > MaxOperatorTokenTTL {
 		return nil, invalid("ttl %s is out of range: want more than 0s and at most %s", ttl, MaxOperatorTokenTTL)
 	}
+	if err := a.s.mintableBy(ctx, p); err != nil {
+		return nil, err
+	}
 	token, tokenID, exp, err := a.s.authn.MintToolServer(msg.ToolServer, a.s.cfg.Clock.Now(), ttl)
 	if err != nil {
 		return nil, toConnect(err)
-	}
-	p, err := principalOf(ctx)
-	if err != nil {
-		return nil, err
 	}
 	// Recorded before it is handed out, as an operator's: a tool server's
 	// token reports calls to the ledger for a year perhaps, and one nobody

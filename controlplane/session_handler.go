@@ -244,7 +244,7 @@ func (a *agentService) receiveSession(ctx context.Context, stream *connect.BidiS
 			}
 			// Refresh the credential once a third of its life is left.
 			if !p.ExpiresAt.IsZero() && p.ExpiresAt.Sub(now) < a.s.cfg.AgentCredentialTTL/3 {
-				cred, exp, err := a.s.authn.RefreshAgent(p, now, a.s.cfg.AgentCredentialTTL)
+				cred, exp, err := a.s.refreshAgent(ctx, p, now)
 				if err != nil {
 					return toConnect(err)
 				}
@@ -413,7 +413,7 @@ func (a *agentService) Heartbeat(ctx context.Context, req *connect.Request[tethe
 	now := a.s.cfg.Clock.Now()
 	resp := &tetherv1.HeartbeatResponse{ServerTime: timestamppb.New(now), Signal: a.s.signalOut(ctx, tree.SignalFor(node))}
 	if !p.ExpiresAt.IsZero() && p.ExpiresAt.Sub(now) < a.s.cfg.AgentCredentialTTL/3 {
-		cred, exp, err := a.s.authn.RefreshAgent(p, now, a.s.cfg.AgentCredentialTTL)
+		cred, exp, err := a.s.refreshAgent(ctx, p, now)
 		if err != nil {
 			return nil, toConnect(err)
 		}

@@ -85,6 +85,12 @@ func (s *Server) tokenRevoked(ctx context.Context, tokenID string) (bool, error)
 	if err != nil || revoked || s.grants.FeedFollowing() {
 		return revoked, err
 	}
+	return s.tokenRecordRevoked(ctx, tokenID)
+}
+
+// tokenRecordRevoked reads, from the store, whether the token's record
+// says it was revoked (a token without a record was not).
+func (s *Server) tokenRecordRevoked(ctx context.Context, tokenID string) (revoked bool, err error) {
 	err = s.store.View(ctx, func(tx store.ReadTxn) error {
 		info, err := getTokenInfo(tx, tokenID)
 		if errors.Is(err, store.ErrNotFound) {
@@ -98,6 +104,48 @@ func (s *Server) tokenRevoked(ctx context.Context, tokenID string) (bool, error)
 		return nil
 	})
 	return revoked, err
+}
+
+// refreshAgent mints the fresh credential a session or a heartbeat hands
+// out in place of p's, of its line (auth.Interceptor.RefreshAgent), now
+// being the caller's reading before this one, once the line's record says
+// it is not revoked (mintableBy). The call was admitted on this replica's
+// tombstone set, which follows the store as fast as its feed does: on a
+// replica whose feed heard of a revocation taken on another a few seconds
+// late, a refresh in between minted a credential of the revoked line
+// after the revocation was acknowledged, which outlived its tombstone
+// (that lives a credential's lifetime and a leeway from its commit) and,
+// refreshed again once the tombstone had dropped, began the line anew for
+// as long as the node ran (rogue47a test).
+func (s *Server) refreshAgent(ctx context.Context, p auth.Principal, now time.Time) (token string, exp time.Time, err error) {
+	if err := s.mintableBy(ctx, p); err != nil {
+		return "", time.Time{}, err
+	}
+	return s.authn.RefreshAgent(p, now, s.cfg.AgentCredentialTTL)
+}
+
+// mintableBy refuses, unauthenticated, a caller whose token's record says
+// it was revoked, read from the store: a token is minted for a caller
+// (a refreshed credential, CreateToken's) only then. The call was
+// admitted on this replica's tombstone set, which may not hold yet a
+// revocation another replica acknowledged (its feed's watch delivers it
+// late), and what is minted then outlives that revocation: a revoked
+// agent credential's line begun anew, a revoked admin token's successor
+// (rogue47a tests). The record is written in the transaction of the
+// tombstone (RevokeToken); one read of one key a mint. A token without an
+// id has no record to read.
+func (s *Server) mintableBy(ctx context.Context, p auth.Principal) error {
+	if p.TokenID == "" {
+		return nil
+	}
+	revoked, err := s.tokenRecordRevoked(ctx, p.TokenID)
+	if err != nil {
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("auth: cannot check the token's revocation: %w", err))
+	}
+	if revoked {
+		return connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("%w: token %s was revoked", auth.ErrRevoked, p.TokenID))
+	}
+	return nil
 }
 
 // tombstonePublished is the grant store's OnPublish: the metrics, and,
