@@ -45,8 +45,9 @@ type lateWatch struct {
 	mu     sync.Mutex
 	on     *lateAnswers // the connection, once its request was written to it
 	id     jsonrpc.ID
-	over   bool     // forgotten
-	stops  []func() // run as it is forgotten
+	over   bool        // forgotten
+	stops  []func()    // run as it is forgotten
+	stream *lateStream // the call's event stream at a Streamable HTTP upstream
 }
 
 // onForget runs stop as w is forgotten (at once if it was).

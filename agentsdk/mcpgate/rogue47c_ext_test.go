@@ -1,0 +1,104 @@
+package mcpgate_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/tetherhq/tether/agentsdk/mcpgate"
+	"github.com/tetherhq/tether/internal/clock"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// The forty-seventh rogue pass against the MCP gateway (helper C): a
+// Streamable HTTP upstream that breaks a call's event stream after its
+// cancel and answers on the resumed stream (MCP's SEP-1699: a server may
+// close a long call's stream, the client resumes it with Last-Event-ID).
+
+// httpResumedWorld is a world whose gateway, on a manual clock, fronts
+// the Go SDK's server (upstream "runs", with an event store) whose tool
+// put opens its event stream (a progress event), says it started, and on
+// hearing the gateway's notifications/cancelled closes the call's stream
+// (retry in 1 ms) and answers with a result once release is closed, on
+// the stream the client resumes.
+func httpResumedWorld(t *testing.T) (w *world, up *httpRunsOn, called <-chan error) {
+	t.Helper()
+	w = newWorld(t, "mcp:runs/*")
+	up = &httpRunsOn{started: make(chan struct{}, 1), cancelled: make(chan struct{}, 1), release: make(chan struct{}), stop: make(chan struct{}), posts: make(chan struct{}, 8)}
+	server := mcp.NewServer(&mcp.Implementation{Name: "runs-on", Version: "1"}, nil)
+	mcp.AddTool(server, &mcp.Tool{Name: "put"}, func(ctx context.Context, req *mcp.CallToolRequest, _ map[string]any) (*mcp.CallToolResult, any, error) {
+		if err := req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: req.Params.GetProgressToken(), Progress: 1}); err != nil {
+			return nil, nil, err
+		}
+		up.started <- struct{}{}
+		select {
+		case <-ctx.Done():
+		case <-up.stop:
+			return nil, nil, context.Canceled
+		}
+		// The stream ends; the answer waits in the event store for the
+		// client's resumption.
+		req.Extra.CloseSSEStream(mcp.CloseSSEStreamArgs{RetryAfter: time.Millisecond})
+		up.cancelled <- struct{}{}
+		select {
+		case <-up.release:
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done all the same"}}}, nil, nil
+		case <-up.stop:
+			return nil, nil, context.Canceled
+		}
+	})
+	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, &mcp.StreamableHTTPOptions{EventStore: mcp.NewMemoryEventStore(nil)})
+	upHTTP := httptest.NewServer(sdk)
+	t.Cleanup(upHTTP.Close)
+	t.Cleanup(func() { close(up.stop) }) // (first: the handler lets go)
+	clk := clock.NewManual(time.Now().UTC())
+	gw, err := mcpgate.Open(context.Background(), mcpgate.OpenConfig{
+		ControlPlane: w.srv.URL, Credential: w.srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: w.srv.HTTP, Clock: clk,
+		Upstreams: []mcpgate.Upstream{{Name: "runs", URL: upHTTP.URL}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gw.Close)
+	cs := connectAgent(t, serveGateway(t, gw), w.grant.Token, nil)
+	done := make(chan error, 1)
+	go func() {
+		params := &mcp.CallToolParams{Name: "put", Arguments: map[string]any{}}
+		params.SetProgressToken("p")
+		_, err := cs.CallTool(context.Background(), params)
+		done <- err
+	}()
+	select {
+	case <-up.started:
+	case err := <-done:
+		t.Fatalf("the agent's call ended before the upstream took it: %v", err)
+	case <-time.After(guardWait):
+		t.Fatal("the upstream never took the call")
+	}
+	return w, up, done
+}
+
+// An upstream whose call's event stream breaks after the cancel, and that
+// answers the call with a result on the stream resumed (Last-Event-ID),
+// ran the call: the record cannot say it stopped on its cancel. Until the
+// forty-seventh pass the SDK's client resumed a call's stream only under
+// the call's context, which the cancel had ended, so nobody resumed it:
+// the stream's end was taken as the connection's, the cancel acknowledged
+// at once, and the record read cancelled_acked (docs/design.md §11). The
+// gateway now resumes a call's stream itself after the cancel, within
+// mcpgate.CancelAnswerGrace, and hears the answer there. (The gateway's
+// clock stands still: the grace never runs out in this test.)
+func TestRogue47CHTTPUpstreamAnsweringOnAResumedStreamIsNotRecordedCancelled(t *testing.T) {
+	w, up, called := httpResumedWorld(t)
+	call := abortRecordAfter(t, w, func() { recv(t, up.cancelled, "the upstream to hear the call cancelled and end its stream") }, func() { close(up.release) })
+	if call.Resolution != tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED {
+		t.Fatalf("record: runs/put %v (%q), want completed: the upstream answered it with a result after its cancel, on the resumed stream", call.Resolution, call.Error)
+	}
+	if err := recv(t, called, "the agent's call"); rpcCode(err) == mcpgate.CodeCancelled {
+		t.Fatalf("the agent was told its call was cancelled (%v): the upstream ran it", err)
+	}
+}
