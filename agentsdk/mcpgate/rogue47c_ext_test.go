@@ -10,6 +10,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
+	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -25,7 +26,7 @@ import (
 // hearing the gateway's notifications/cancelled closes the call's stream
 // (retry in 1 ms) and answers with a result once release is closed, on
 // the stream the client resumes.
-func httpResumedWorld(t *testing.T) (w *world, up *httpRunsOn, called <-chan error) {
+func httpResumedWorld(t *testing.T) (w *world, clk *clock.Manual, up *httpRunsOn, called <-chan error) {
 	t.Helper()
 	w = newWorld(t, "mcp:runs/*")
 	up = &httpRunsOn{started: make(chan struct{}, 1), cancelled: make(chan struct{}, 1), release: make(chan struct{}), stop: make(chan struct{}), posts: make(chan struct{}, 8)}
@@ -55,7 +56,7 @@ func httpResumedWorld(t *testing.T) (w *world, up *httpRunsOn, called <-chan err
 	upHTTP := httptest.NewServer(sdk)
 	t.Cleanup(upHTTP.Close)
 	t.Cleanup(func() { close(up.stop) }) // (first: the handler lets go)
-	clk := clock.NewManual(time.Now().UTC())
+	clk = clock.NewManual(time.Now().UTC())
 	gw, err := mcpgate.Open(context.Background(), mcpgate.OpenConfig{
 		ControlPlane: w.srv.URL, Credential: w.srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: w.srv.HTTP, Clock: clk,
 		Upstreams: []mcpgate.Upstream{{Name: "runs", URL: upHTTP.URL}},
@@ -79,7 +80,7 @@ func httpResumedWorld(t *testing.T) (w *world, up *httpRunsOn, called <-chan err
 	case <-time.After(guardWait):
 		t.Fatal("the upstream never took the call")
 	}
-	return w, up, done
+	return w, clk, up, done
 }
 
 // An upstream whose call's event stream breaks after the cancel, and that
@@ -93,12 +94,32 @@ func httpResumedWorld(t *testing.T) (w *world, up *httpRunsOn, called <-chan err
 // mcpgate.CancelAnswerGrace, and hears the answer there. (The gateway's
 // clock stands still: the grace never runs out in this test.)
 func TestRogue47CHTTPUpstreamAnsweringOnAResumedStreamIsNotRecordedCancelled(t *testing.T) {
-	w, up, called := httpResumedWorld(t)
+	w, _, up, called := httpResumedWorld(t)
 	call := abortRecordAfter(t, w, func() { recv(t, up.cancelled, "the upstream to hear the call cancelled and end its stream") }, func() { close(up.release) })
 	if call.Resolution != tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED {
 		t.Fatalf("record: runs/put %v (%q), want completed: the upstream answered it with a result after its cancel, on the resumed stream", call.Resolution, call.Error)
 	}
 	if err := recv(t, called, "the agent's call"); rpcCode(err) == mcpgate.CodeCancelled {
 		t.Fatalf("the agent was told its call was cancelled (%v): the upstream ran it", err)
+	}
+}
+
+// An upstream that ends the call's stream after its cancel and says
+// nothing on the stream resumed has the cancel acknowledged when the grace
+// is over, as before: the resumption costs an abort no more than
+// mcpgate.CancelAnswerGrace of the gateway's clock.
+func TestRogue47CHTTPUpstreamSilentOnAResumedStreamIsAcknowledgedAfterTheGrace(t *testing.T) {
+	w, clk, up, called := httpResumedWorld(t)
+	call := abortRecordAfter(t, w, func() { recv(t, up.cancelled, "the upstream to hear the call cancelled and end its stream") }, func() {
+		testserver.WaitFor(t, guardWait, "the gateway to wait for a late answer", func() bool {
+			return clk.Armed(clk.Now().Add(mcpgate.CancelAnswerGrace))
+		})
+		clk.Advance(mcpgate.CancelAnswerGrace)
+	})
+	if call.Resolution != tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED {
+		t.Fatalf("record: runs/put %v (%q), want cancelled_acked", call.Resolution, call.Error)
+	}
+	if err := recv(t, called, "the agent's call"); rpcCode(err) != mcpgate.CodeCancelled {
+		t.Fatalf("the agent's call ended with %v, want code %d", err, mcpgate.CodeCancelled)
 	}
 }
