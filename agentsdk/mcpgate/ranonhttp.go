@@ -37,8 +37,8 @@ type lateCalls struct {
 
 func (l lateCalls) RoundTrip(r *http.Request) (*http.Response, error) {
 	w, _ := r.Context().Value(lateKey{}).(*lateWatch)
-	if w != nil && r.Method == http.MethodGet && r.Header.Get("Last-Event-ID") != "" && r.Context().Err() == nil {
-		if st := w.resumable(); st != nil {
+	if w != nil && r.Method == http.MethodGet && r.Header.Get("Last-Event-ID") != "" {
+		if st := w.resumable(); st != nil && st.ctx.Err() == nil && r.Context().Err() == nil {
 			return st.resumedBySDK(r)
 		}
 	}
@@ -156,12 +156,13 @@ func resumeHeader(h http.Header) http.Header {
 // context: after the control plane's cancel nobody resumed it, the
 // stream's end was taken as the connection's, and an answer the upstream
 // gave on the resumed stream was never heard — the call recorded
-// cancelled_acked though the upstream ran it (rogue47c test). A stream
-// that ends without the call's answer, having carried events since it was
-// last resumed, is now resumable: the SDK resumes it (its GET sent under
-// the call's POST's context, read as the POST is), and after the cancel
-// the gateway does, as long as it listens for the call's answer (the
-// grace), each resumption only once the last carried new events.
+// cancelled_acked though the upstream ran it (rogue47c tests). A stream
+// that ends without the call's answer, having carried an event id, is
+// now not the end of the gateway's wait: while the call is on, the SDK resumes it as before, its GET sent under the call's
+// POST's context and read as the POST is, so that the cancel does not end
+// it; after the cancel the gateway resumes it, from the last event id it
+// read, as long as it listens for the call's answer (the grace),
+// MaxStreamResumptions times at most.
 type lateStream struct {
 	ctx     context.Context // the call's POST's, ended by end
 	next    http.RoundTripper
@@ -173,10 +174,15 @@ type lateStream struct {
 
 	mu      sync.Mutex
 	lastID  string // the last event id the stream carried
-	from    string // the event id the latest resumption started from
 	broken  bool   // ended without the answer, resumable, not resumed yet
-	started bool   // the first resumption (from may be "")
+	resumed int    // resumptions by the gateway
 }
+
+// MaxStreamResumptions bounds the gateway's resumptions of one call's
+// event stream after its cancel: an upstream that ends each resumed stream
+// at once would have the gateway send GET after GET for as long as the
+// grace lasted.
+const MaxStreamResumptions = 8
 
 // resumable is the call's stream, if its POST is one lateCalls carries.
 func (w *lateWatch) resumable() *lateStream {
@@ -200,7 +206,7 @@ func (s *lateStream) ended(stream bool) {
 		return
 	}
 	s.mu.Lock()
-	if s.lastID == "" || (s.started && s.lastID == s.from) {
+	if s.lastID == "" || s.resumed >= MaxStreamResumptions {
 		s.mu.Unlock()
 		s.end()
 		return
@@ -219,8 +225,9 @@ func (s *lateStream) take() (from string, ok bool) {
 	if !s.broken {
 		return "", false
 	}
-	s.broken, s.started, s.from = false, true, s.lastID
-	return s.from, true
+	s.broken = false
+	s.resumed++
+	return s.lastID, true
 }
 
 // resume has the gateway resume the broken stream (after the call's
@@ -259,7 +266,7 @@ func (s *lateStream) resume() {
 // call's cancel does not end it.
 func (s *lateStream) resumedBySDK(r *http.Request) (*http.Response, error) {
 	s.mu.Lock()
-	s.broken, s.started, s.from = false, true, r.Header.Get("Last-Event-ID")
+	s.broken = false
 	s.mu.Unlock()
 	type exchange struct {
 		resp *http.Response
@@ -273,12 +280,7 @@ func (s *lateStream) resumedBySDK(r *http.Request) (*http.Response, error) {
 	failed := func() {
 		// Resumable again (the SDK tries again while the call is on; the
 		// gateway after the cancel).
-		s.mu.Lock()
-		s.broken = s.ctx.Err() == nil
-		s.mu.Unlock()
-		if s.heard.isCancelled() {
-			s.resume()
-		}
+		s.ended(true)
 	}
 	var x exchange
 	select {

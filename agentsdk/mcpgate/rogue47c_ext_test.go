@@ -24,9 +24,9 @@ import (
 // the Go SDK's server (upstream "runs", with an event store) whose tool
 // put opens its event stream (a progress event), says it started, and on
 // hearing the gateway's notifications/cancelled closes the call's stream
-// (retry in 1 ms) and answers with a result once release is closed, on
+// (retry in 1 ms; with breakFirst, also before it says it started) and answers with a result once release is closed, on
 // the stream the client resumes.
-func httpResumedWorld(t *testing.T) (w *world, clk *clock.Manual, up *httpRunsOn, called <-chan error) {
+func httpResumedWorld(t *testing.T, breakFirst bool) (w *world, clk *clock.Manual, up *httpRunsOn, called <-chan error) {
 	t.Helper()
 	w = newWorld(t, "mcp:runs/*")
 	up = &httpRunsOn{started: make(chan struct{}, 1), cancelled: make(chan struct{}, 1), release: make(chan struct{}), stop: make(chan struct{}), posts: make(chan struct{}, 8)}
@@ -34,6 +34,10 @@ func httpResumedWorld(t *testing.T) (w *world, clk *clock.Manual, up *httpRunsOn
 	mcp.AddTool(server, &mcp.Tool{Name: "put"}, func(ctx context.Context, req *mcp.CallToolRequest, _ map[string]any) (*mcp.CallToolResult, any, error) {
 		if err := req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: req.Params.GetProgressToken(), Progress: 1}); err != nil {
 			return nil, nil, err
+		}
+		if breakFirst {
+			// Ended before the cancel: the SDK's client resumes it.
+			req.Extra.CloseSSEStream(mcp.CloseSSEStreamArgs{RetryAfter: time.Millisecond})
 		}
 		up.started <- struct{}{}
 		select {
@@ -94,13 +98,17 @@ func httpResumedWorld(t *testing.T) (w *world, clk *clock.Manual, up *httpRunsOn
 // mcpgate.CancelAnswerGrace, and hears the answer there. (The gateway's
 // clock stands still: the grace never runs out in this test.)
 func TestRogue47CHTTPUpstreamAnsweringOnAResumedStreamIsNotRecordedCancelled(t *testing.T) {
-	w, _, up, called := httpResumedWorld(t)
-	call := abortRecordAfter(t, w, func() { recv(t, up.cancelled, "the upstream to hear the call cancelled and end its stream") }, func() { close(up.release) })
-	if call.Resolution != tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED {
-		t.Fatalf("record: runs/put %v (%q), want completed: the upstream answered it with a result after its cancel, on the resumed stream", call.Resolution, call.Error)
-	}
-	if err := recv(t, called, "the agent's call"); rpcCode(err) == mcpgate.CodeCancelled {
-		t.Fatalf("the agent was told its call was cancelled (%v): the upstream ran it", err)
+	for name, breakFirst := range map[string]bool{"broken after the cancel": false, "broken before and after the cancel": true} {
+		t.Run(name, func(t *testing.T) {
+			w, _, up, called := httpResumedWorld(t, breakFirst)
+			call := abortRecordAfter(t, w, func() { recv(t, up.cancelled, "the upstream to hear the call cancelled and end its stream") }, func() { close(up.release) })
+			if call.Resolution != tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED {
+				t.Fatalf("record: runs/put %v (%q), want completed: the upstream answered it with a result after its cancel, on the resumed stream", call.Resolution, call.Error)
+			}
+			if err := recv(t, called, "the agent's call"); rpcCode(err) == mcpgate.CodeCancelled {
+				t.Fatalf("the agent was told its call was cancelled (%v): the upstream ran it", err)
+			}
+		})
 	}
 }
 
@@ -109,7 +117,7 @@ func TestRogue47CHTTPUpstreamAnsweringOnAResumedStreamIsNotRecordedCancelled(t *
 // is over, as before: the resumption costs an abort no more than
 // mcpgate.CancelAnswerGrace of the gateway's clock.
 func TestRogue47CHTTPUpstreamSilentOnAResumedStreamIsAcknowledgedAfterTheGrace(t *testing.T) {
-	w, clk, up, called := httpResumedWorld(t)
+	w, clk, up, called := httpResumedWorld(t, false)
 	call := abortRecordAfter(t, w, func() { recv(t, up.cancelled, "the upstream to hear the call cancelled and end its stream") }, func() {
 		testserver.WaitFor(t, guardWait, "the gateway to wait for a late answer", func() bool {
 			return clk.Armed(clk.Now().Add(mcpgate.CancelAnswerGrace))
