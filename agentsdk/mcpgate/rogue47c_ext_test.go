@@ -2,8 +2,10 @@ package mcpgate_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -129,5 +131,72 @@ func TestRogue47CHTTPUpstreamSilentOnAResumedStreamIsAcknowledgedAfterTheGrace(t
 	}
 	if err := recv(t, called, "the agent's call"); rpcCode(err) != mcpgate.CodeCancelled {
 		t.Fatalf("the agent's call ended with %v, want code %d", err, mcpgate.CodeCancelled)
+	}
+}
+
+// A rogue upstream that ends each resumed stream at once, with a new event
+// id and no answer, has the gateway resume the call's stream
+// mcpgate.MaxStreamResumptions times, not for as long as the grace lasts:
+// then the cancel is acknowledged (the gateway's clock standing still).
+func TestRogue47CHTTPUpstreamEndingEveryResumptionIsResumedABoundedNumberOfTimes(t *testing.T) {
+	w := newWorld(t, "mcp:runs/*")
+	started, cancelled, stop := make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{})
+	server := mcp.NewServer(&mcp.Implementation{Name: "resume-loop", Version: "1"}, nil)
+	mcp.AddTool(server, &mcp.Tool{Name: "put"}, func(ctx context.Context, req *mcp.CallToolRequest, _ map[string]any) (*mcp.CallToolResult, any, error) {
+		if err := req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: req.Params.GetProgressToken(), Progress: 1}); err != nil {
+			return nil, nil, err
+		}
+		started <- struct{}{}
+		select {
+		case <-ctx.Done():
+		case <-stop:
+			return nil, nil, context.Canceled
+		}
+		req.Extra.CloseSSEStream(mcp.CloseSSEStreamArgs{RetryAfter: time.Millisecond})
+		cancelled <- struct{}{}
+		<-stop
+		return nil, nil, context.Canceled
+	})
+	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, &mcp.StreamableHTTPOptions{EventStore: mcp.NewMemoryEventStore(nil)})
+	var resumptions atomic.Int64
+	upHTTP := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && r.Header.Get("Last-Event-ID") != "" {
+			n := resumptions.Add(1)
+			rw.Header().Set("Content-Type", "text/event-stream")
+			rw.WriteHeader(http.StatusOK)
+			fmt.Fprintf(rw, "id: loop-%d\ndata: \n\n", n)
+			return
+		}
+		sdk.ServeHTTP(rw, r)
+	}))
+	t.Cleanup(upHTTP.Close)
+	t.Cleanup(func() { close(stop) })
+	clk := clock.NewManual(time.Now().UTC())
+	gw, err := mcpgate.Open(context.Background(), mcpgate.OpenConfig{
+		ControlPlane: w.srv.URL, Credential: w.srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: w.srv.HTTP, Clock: clk,
+		Upstreams: []mcpgate.Upstream{{Name: "runs", URL: upHTTP.URL}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gw.Close)
+	cs := connectAgent(t, serveGateway(t, gw), w.grant.Token, nil)
+	called := make(chan error, 1)
+	go func() {
+		params := &mcp.CallToolParams{Name: "put", Arguments: map[string]any{}}
+		params.SetProgressToken("p")
+		_, err := cs.CallTool(context.Background(), params)
+		called <- err
+	}()
+	recv(t, started, "the upstream to take the call")
+	call := abortRecordAfter(t, w, func() { recv(t, cancelled, "the upstream to hear the call cancelled and end its stream") }, func() {})
+	if call.Resolution != tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED {
+		t.Fatalf("record: runs/put %v (%q), want cancelled_acked", call.Resolution, call.Error)
+	}
+	if err := recv(t, called, "the agent's call"); rpcCode(err) != mcpgate.CodeCancelled {
+		t.Fatalf("the agent's call ended with %v, want code %d", err, mcpgate.CodeCancelled)
+	}
+	if n := resumptions.Load(); n != mcpgate.MaxStreamResumptions {
+		t.Fatalf("the upstream saw %d resumptions of the call's stream, want %d", n, mcpgate.MaxStreamResumptions)
 	}
 }
