@@ -104,7 +104,9 @@
 // says the gateway stopped waiting for it and told it to stop. The
 // upstream's answer to the call is still listened for, CancelAnswerGrace
 // (2 s) after the cancel (a stdio upstream's on its connection, a
-// Streamable HTTP upstream's on the call's POST, kept open for it): one
+// Streamable HTTP upstream's on the call's POST, kept open for it, and on
+// the call's event stream resumed, by the gateway after the cancel, when
+// the upstream ends it without the answer, as MCP lets it): one
 // with a result (neither a JSON-RPC error nor isError) says the call ran
 // on past its cancel, and it is recorded as it answered, never cancelled;
 // an error, silence or the connection's (the POST's) end has the cancel

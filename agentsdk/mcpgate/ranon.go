@@ -29,7 +29,9 @@ import (
 // upstream that answers nothing (MCP's advice to one that stops) has the
 // cancel acknowledged when the grace is over; so does one whose
 // connection ends meanwhile. Over Streamable HTTP the answer is heard on
-// the call's POST, kept open for the grace (lateCalls; rogue46d tests). An
+// the call's POST, kept open for the grace (lateCalls; rogue46d tests), and
+// on its event stream resumed when the upstream ends it (lateStream;
+// rogue47c tests). An
 // answer after the grace is still dropped (docs/design.md §11).
 const CancelAnswerGrace = 2 * time.Second
 
@@ -45,8 +47,9 @@ type lateWatch struct {
 	mu     sync.Mutex
 	on     *lateAnswers // the connection, once its request was written to it
 	id     jsonrpc.ID
-	over   bool     // forgotten
-	stops  []func() // run as it is forgotten
+	over   bool        // forgotten
+	stops  []func()    // run as it is forgotten
+	stream *lateStream // the call's event stream at a Streamable HTTP upstream
 }
 
 // onForget runs stop as w is forgotten (at once if it was).

@@ -7,6 +7,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"net/url"
 	"sync"
 	"sync/atomic"
 
@@ -36,6 +37,11 @@ type lateCalls struct {
 
 func (l lateCalls) RoundTrip(r *http.Request) (*http.Response, error) {
 	w, _ := r.Context().Value(lateKey{}).(*lateWatch)
+	if w != nil && r.Method == http.MethodGet && r.Header.Get("Last-Event-ID") != "" {
+		if st := w.resumable(); st != nil && st.ctx.Err() == nil && r.Context().Err() == nil {
+			return st.resumedBySDK(r)
+		}
+	}
 	if w == nil || r.Method != http.MethodPost || r.Context().Err() != nil {
 		// (A call cancelled before it is sent is not sent.)
 		return l.next.RoundTrip(r)
@@ -58,11 +64,20 @@ func (l lateCalls) RoundTrip(r *http.Request) (*http.Response, error) {
 	ctx, stop := context.WithCancel(context.WithoutCancel(r.Context()))
 	unclosing := context.AfterFunc(l.closing, stop)
 	heard := &lateHeard{on: on}
+	st := &lateStream{ctx: ctx, next: l.next, url: r.URL, header: resumeHeader(r.Header), heard: heard}
+	st.end = func() {
+		st.endOnce.Do(func() {
+			stop()
+			unclosing()
+			on.end()
+		})
+	}
 	// A request not yet sent whole as the call is cancelled is not sent
 	// on (the upstream never has the call, as over stdio: rogue20 test).
 	// The call's cancel hands what was heard to the lateWatch from then on,
 	// and the last message heard before (an answer the SDK may have read as
-	// the call was cancelled, and dropped).
+	// the call was cancelled, and dropped); a stream broken before it, the
+	// SDK no longer resuming it, the gateway resumes.
 	sent := &sentBody{ReadCloser: r.Body}
 	if r.Body == nil || r.Body == http.NoBody {
 		sent.whole.Store(true)
@@ -72,17 +87,16 @@ func (l lateCalls) RoundTrip(r *http.Request) (*http.Response, error) {
 			stop()
 		}
 		heard.cancelled()
+		st.resume()
 	})
-	end := func() {
-		stop()
-		unclosing()
-		on.end()
-	}
 	w.onForget(func() {
-		end()
+		st.end()
 		uncancelled()
 		heard.forget()
 	})
+	w.mu.Lock()
+	w.stream = st
+	w.mu.Unlock()
 
 	type exchange struct {
 		resp *http.Response
@@ -105,20 +119,190 @@ func (l lateCalls) RoundTrip(r *http.Request) (*http.Response, error) {
 		go func() {
 			x := <-got
 			if x.err != nil || x.resp.Body == nil {
-				end()
+				st.end()
 				return
 			}
-			body := newLateBody(x.resp, heard, end)
+			body := newLateBody(x.resp, st)
 			_, _ = io.Copy(io.Discard, body)
 			_ = body.Close()
 		}()
 		return nil, context.Cause(r.Context())
 	}
 	if x.err != nil || x.resp.Body == nil {
-		end()
+		st.end()
 		return x.resp, x.err
 	}
-	x.resp.Body = newLateBody(x.resp, heard, end)
+	x.resp.Body = newLateBody(x.resp, st)
+	return x.resp, nil
+}
+
+// resumeHeader is what a resumption of a call's stream carries of the
+// call's POST's headers: the upstream's session and protocol version.
+func resumeHeader(h http.Header) http.Header {
+	out := http.Header{}
+	for _, k := range []string{"Mcp-Session-Id", "Mcp-Protocol-Version", "Authorization"} {
+		if v := h.Values(k); len(v) > 0 {
+			out[k] = v
+		}
+	}
+	out.Set("Accept", "text/event-stream")
+	return out
+}
+
+// lateStream is a call's event stream at a Streamable HTTP upstream,
+// across its resumptions. An upstream may end a call's event stream before
+// it answers and have the client resume it (a GET with Last-Event-ID:
+// MCP's SEP-1699), which the SDK's client does only under the call's
+// context: after the control plane's cancel nobody resumed it, the
+// stream's end was taken as the connection's, and an answer the upstream
+// gave on the resumed stream was never heard — the call recorded
+// cancelled_acked though the upstream ran it (rogue47c tests). A stream
+// that ends without the call's answer, having carried an event id, is
+// now not the end of the gateway's wait: while the call is on, the SDK resumes it as before, its GET sent under the call's
+// POST's context and read as the POST is, so that the cancel does not end
+// it; after the cancel the gateway resumes it, from the last event id it
+// read, as long as it listens for the call's answer (the grace),
+// MaxStreamResumptions times at most.
+type lateStream struct {
+	ctx     context.Context // the call's POST's, ended by end
+	next    http.RoundTripper
+	url     *url.URL
+	header  http.Header // of a resumption
+	heard   *lateHeard
+	end     func() // the stream is over: no answer comes on it any more
+	endOnce sync.Once
+
+	mu      sync.Mutex
+	lastID  string // the last event id the stream carried
+	broken  bool   // ended without the answer, resumable, not resumed yet
+	resumed int    // resumptions by the gateway
+}
+
+// MaxStreamResumptions bounds the gateway's resumptions of one call's
+// event stream after its cancel: an upstream that ends each resumed stream
+// at once would have the gateway send GET after GET for as long as the
+// grace lasted.
+const MaxStreamResumptions = 8
+
+// resumable is the call's stream, if its POST is one lateCalls carries.
+func (w *lateWatch) resumable() *lateStream {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stream
+}
+
+// sawID records an event id the stream carried.
+func (s *lateStream) sawID(id string) {
+	s.mu.Lock()
+	s.lastID = id
+	s.mu.Unlock()
+}
+
+// ended takes the end of one body of the call's stream (its POST's, or a
+// resumption's): the stream's end, unless it can be resumed.
+func (s *lateStream) ended(stream bool) {
+	if !stream || s.ctx.Err() != nil || s.heard.answered.Load() {
+		s.end()
+		return
+	}
+	s.mu.Lock()
+	if s.lastID == "" || s.resumed >= MaxStreamResumptions {
+		s.mu.Unlock()
+		s.end()
+		return
+	}
+	s.broken = true
+	s.mu.Unlock()
+	if s.heard.isCancelled() {
+		s.resume()
+	}
+}
+
+// take claims the resumption of a broken stream, from its last event id.
+func (s *lateStream) take() (from string, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.broken {
+		return "", false
+	}
+	s.broken = false
+	s.resumed++
+	return s.lastID, true
+}
+
+// resume has the gateway resume the broken stream (after the call's
+// cancel), if it is.
+func (s *lateStream) resume() {
+	from, ok := s.take()
+	if !ok {
+		return
+	}
+	go func() {
+		req, err := http.NewRequestWithContext(s.ctx, http.MethodGet, s.url.String(), nil)
+		if err != nil {
+			s.end()
+			return
+		}
+		req.Header = s.header.Clone()
+		req.Header.Set("Last-Event-ID", from)
+		resp, err := s.next.RoundTrip(req)
+		if err != nil {
+			s.end()
+			return
+		}
+		if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); resp.StatusCode != http.StatusOK || mt != "text/event-stream" {
+			_ = resp.Body.Close()
+			s.end()
+			return
+		}
+		body := newLateBody(resp, s)
+		_, _ = io.Copy(io.Discard, body)
+		_ = body.Close()
+	}()
+}
+
+// resumedBySDK sends the SDK's resumption r of the call's stream under
+// the stream's context, and reads it as the call's POST is read: the
+// call's cancel does not end it.
+func (s *lateStream) resumedBySDK(r *http.Request) (*http.Response, error) {
+	s.mu.Lock()
+	s.broken = false
+	s.mu.Unlock()
+	type exchange struct {
+		resp *http.Response
+		err  error
+	}
+	got := make(chan exchange, 1)
+	go func() {
+		resp, err := s.next.RoundTrip(r.WithContext(s.ctx))
+		got <- exchange{resp, err}
+	}()
+	failed := func() {
+		// Resumable again (the SDK tries again while the call is on; the
+		// gateway after the cancel).
+		s.ended(true)
+	}
+	var x exchange
+	select {
+	case x = <-got:
+	case <-r.Context().Done():
+		go func() {
+			x := <-got
+			if x.err != nil || x.resp.Body == nil {
+				failed()
+				return
+			}
+			body := newLateBody(x.resp, s)
+			_, _ = io.Copy(io.Discard, body)
+			_ = body.Close()
+		}()
+		return nil, context.Cause(r.Context())
+	}
+	if x.err != nil || x.resp.Body == nil {
+		failed()
+		return x.resp, x.err
+	}
+	x.resp.Body = newLateBody(x.resp, s)
 	return x.resp, nil
 }
 
@@ -145,10 +329,26 @@ type lateHeard struct {
 	fired bool   // the call was cancelled
 	over  bool   // the call was forgotten
 	last  []byte // the last message heard before the cancel
+	// answered is set once the stream carried an answer (the call's: a
+	// call's stream carries no other).
+	answered atomic.Bool
+}
+
+func (h *lateHeard) isCancelled() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.fired
 }
 
 // heard is one message (an event's data, or a JSON body).
 func (h *lateHeard) heard(msg []byte) {
+	if bytes.Contains(msg, []byte(`"result"`)) || bytes.Contains(msg, []byte(`"error"`)) {
+		if m, err := jsonrpc.DecodeMessage(msg); err == nil {
+			if _, ok := m.(*jsonrpc.Response); ok {
+				h.answered.Store(true)
+			}
+		}
+	}
 	h.mu.Lock()
 	switch {
 	case h.over:
@@ -190,7 +390,7 @@ func (h *lateHeard) hand(msg []byte) {
 type lateBody struct {
 	body  io.ReadCloser
 	heard *lateHeard
-	end   func()
+	s     *lateStream
 	once  sync.Once
 
 	stream bool
@@ -199,14 +399,15 @@ type lateBody struct {
 	data   []byte // the current event's data
 	inData bool   // the current event has a data field
 	name   string // the current event's name
+	id     string // the current event's id
 }
 
-func newLateBody(resp *http.Response, heard *lateHeard, end func()) *lateBody {
+func newLateBody(resp *http.Response, s *lateStream) *lateBody {
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
-	b := &lateBody{body: resp.Body, heard: heard, end: end, stream: mt == "text/event-stream"}
+	b := &lateBody{body: resp.Body, heard: s.heard, s: s, stream: mt == "text/event-stream"}
 	if whole, ok := resp.Body.(wholeBody); ok && !b.stream {
 		// Read whole already (boundedAnswers): heard as it is, not copied.
-		heard.heard(whole.whole)
+		b.heard.heard(whole.whole)
 		b.whole = true
 	}
 	return b
@@ -219,14 +420,14 @@ func (b *lateBody) Read(p []byte) (int, error) {
 		if err == io.EOF {
 			b.finish()
 		}
-		b.once.Do(b.end)
+		b.once.Do(func() { b.s.ended(b.stream) })
 	}
 	return n, err
 }
 
 func (b *lateBody) Close() error {
 	err := b.body.Close()
-	b.once.Do(b.end)
+	b.once.Do(func() { b.s.ended(b.stream) })
 	return err
 }
 
@@ -266,7 +467,10 @@ func (b *lateBody) field() {
 		if b.inData && (b.name == "" || b.name == "message") && len(b.data) > 0 {
 			b.heard.heard(b.data)
 		}
-		b.data, b.inData, b.name = nil, false, ""
+		if b.id != "" {
+			b.s.sawID(b.id)
+		}
+		b.data, b.inData, b.name, b.id = nil, false, "", ""
 		return
 	}
 	key, value, found := bytes.Cut(line, []byte{':'})
@@ -276,6 +480,8 @@ func (b *lateBody) field() {
 	switch string(key) {
 	case "event":
 		b.name = string(bytes.TrimSpace(value))
+	case "id":
+		b.id = string(bytes.TrimSpace(value))
 	case "data":
 		if b.inData {
 			b.data = append(b.data, '\n')
