@@ -9,8 +9,28 @@ import (
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/etcdtest"
+	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/store/etcdstore"
 )
+
+// replicaPair starts replicas A and B of one control plane on one etcd
+// cluster (one prefix), each with opts. wrapB, if not nil, wraps the store
+// B's components use (its etcd store, which B is started with).
+func replicaPair(t *testing.T, wrapB func(store.Store) store.Store, opts ...testserver.Option) (a, b *testserver.Server) {
+	t.Helper()
+	cluster := etcdtest.Start(t)
+	prefix := etcdtest.Prefix(t)
+	stA := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = prefix })
+	a = testserver.Start(t, append([]testserver.Option{testserver.WithEtcdStore(stA, "replica-a")}, opts...)...)
+	stB := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = prefix })
+	optsB := append([]testserver.Option{testserver.WithEtcdStore(stB, "replica-b")}, opts...)
+	if wrapB != nil {
+		wrapped := wrapB(stB)
+		optsB = append(optsB, func(cfg *controlplane.Config) { cfg.Store = wrapped })
+	}
+	b = testserver.Start(t, optsB...)
+	return a, b
+}
 
 // TestRogue46EACredentialRevokedOnOneReplicaEndsItsSilentStreamsOnOneThatRescans:
 // the rogue holding a worker's leaked credential chooses its replica: it
@@ -26,13 +46,8 @@ import (
 // streams on B ended). The rescan now publishes what it finds past what
 // the feed had published: both end unauthenticated.
 func TestRogue46EACredentialRevokedOnOneReplicaEndsItsSilentStreamsOnOneThatRescans(t *testing.T) {
-	cluster := etcdtest.Start(t)
-	prefix := etcdtest.Prefix(t)
-	stA := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = prefix })
-	a := testserver.Start(t, testserver.WithEtcdStore(stA, "replica-a"))
-	stB := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = prefix })
-	lagB := &laggingStore{Store: stB}
-	b := testserver.Start(t, testserver.WithEtcdStore(stB, "replica-b"), func(cfg *controlplane.Config) { cfg.Store = lagB })
+	var lagB *laggingStore
+	a, b := replicaPair(t, func(stB store.Store) store.Store { lagB = &laggingStore{Store: stB}; return lagB })
 
 	revokeWhileTheFeedRescans(t, a, b, lagB)
 }
@@ -48,12 +63,7 @@ func TestRogue46EACredentialRevokedOnOneReplicaEndsItsSilentStreamsOnOneThatResc
 // streams as its feed publishes it; A refuses it at once.
 func TestRogue46EACredentialRefreshedOnOneReplicaDiesWithItsRevocationOnAnother(t *testing.T) {
 	clk := clock.NewManual(epoch) // both replicas' clock
-	cluster := etcdtest.Start(t)
-	prefix := etcdtest.Prefix(t)
-	stA := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = prefix })
-	a := testserver.Start(t, testserver.WithEtcdStore(stA, "replica-a"), testserver.WithClock(clk))
-	stB := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = prefix })
-	b := testserver.Start(t, testserver.WithEtcdStore(stB, "replica-b"), testserver.WithClock(clk))
+	a, b := replicaPair(t, nil, testserver.WithClock(clk))
 
 	// A guard against a stream that stays open hanging the test; nothing
 	// waits for it to pass.

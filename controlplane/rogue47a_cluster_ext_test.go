@@ -13,9 +13,7 @@ import (
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
-	"github.com/tetherhq/tether/internal/etcdtest"
 	"github.com/tetherhq/tether/internal/store"
-	"github.com/tetherhq/tether/internal/store/etcdstore"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -87,6 +85,17 @@ type stalledWatch struct {
 func (w *stalledWatch) Events() <-chan []store.Event { return w.events }
 func (w *stalledWatch) Err() error                   { return w.inner.Err() }
 
+// feedStallingPair is replicaPair with B's revocation feed's watches on
+// lagB, which stalls them.
+func feedStallingPair(t *testing.T, opts ...testserver.Option) (a, b *testserver.Server, lagB *stallingStore) {
+	t.Helper()
+	a, b = replicaPair(t, func(stB store.Store) store.Store {
+		lagB = newStallingStore(stB, "grantstore.(*Service).followFeed")
+		return lagB
+	}, opts...)
+	return a, b, lagB
+}
+
 // TestRogue47AACredentialRevokedOnOneReplicaIsNotRefreshedOnAnotherWhoseFeedLags:
 // the rogue holding a worker's leaked credential talks to replica B,
 // whose revocation feed follows etcd late (here its watch delivers
@@ -103,13 +112,7 @@ func (w *stalledWatch) Err() error                   { return w.inner.Err() }
 // its tombstone: B refuses it, unary or on the session.
 func TestRogue47AACredentialRevokedOnOneReplicaIsNotRefreshedOnAnotherWhoseFeedLags(t *testing.T) {
 	clk := clock.NewManual(epoch) // both replicas' clock
-	cluster := etcdtest.Start(t)
-	prefix := etcdtest.Prefix(t)
-	stA := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = prefix })
-	a := testserver.Start(t, testserver.WithEtcdStore(stA, "replica-a"), testserver.WithClock(clk))
-	stB := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = prefix })
-	lagB := newStallingStore(stB, "grantstore.(*Service).followFeed")
-	b := testserver.Start(t, testserver.WithEtcdStore(stB, "replica-b"), testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.Store = lagB })
+	a, b, lagB := feedStallingPair(t, testserver.WithClock(clk))
 
 	// A guard against a stream that stays open hanging the test; nothing
 	// waits for it to pass.
@@ -178,13 +181,7 @@ func TestRogue47AACredentialRevokedOnOneReplicaIsNotRefreshedOnAnotherWhoseFeedL
 // token is now minted only once the caller's token's record, which the
 // revocation wrote with its tombstone, says it is not revoked: B refuses.
 func TestRogue47AARevokedAdminTokenMintsNoTokenOnAReplicaWhoseFeedLags(t *testing.T) {
-	cluster := etcdtest.Start(t)
-	prefix := etcdtest.Prefix(t)
-	stA := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = prefix })
-	a := testserver.Start(t, testserver.WithEtcdStore(stA, "replica-a"))
-	stB := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = prefix })
-	lagB := newStallingStore(stB, "grantstore.(*Service).followFeed")
-	b := testserver.Start(t, testserver.WithEtcdStore(stB, "replica-b"), func(cfg *controlplane.Config) { cfg.Store = lagB })
+	a, b, lagB := feedStallingPair(t)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a guard against a hang, not a timing
 	defer cancel()

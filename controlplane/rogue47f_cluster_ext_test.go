@@ -28,6 +28,32 @@ import (
 // jobs: their renewals, sent in time, refused resource_exhausted at the
 // follower until the leases expired.
 
+// siblingsOnAFollower starts two replicas sharing a manual clock (a
+// lineage's rate budget 5/s, bursts of 128, on each) and registers, on the
+// leader, a root with two children, honest and rogue.
+func siblingsOnAFollower(t *testing.T) (clk *clock.Manual, lead, follower *testserver.Server, honest, rogue *tetherv1.SpawnResponse) {
+	t.Helper()
+	clk = clock.NewManual(epoch)
+	replicas, lead := startReplicasWith(t, 2, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.RateLimit, cfg.RateBurst = 5, 128 })
+	follower = followersOf(replicas, lead)[0]
+	root := register(t, lead.AdminClients(), "planner")
+	rootC := lead.Clients(root.Credential)
+	honest = spawn(t, rootC, root.Node.NodeId, "honest")
+	rogue = spawn(t, rootC, root.Node.NodeId, "rogue")
+	return clk, lead, follower, honest, rogue
+}
+
+// offer30s offers job to holder: a 30-second lease, 10 seconds to ACK it.
+func offer30s(t *testing.T, admin *testserver.Clients, job, holder string) *tetherv1.Lease {
+	t.Helper()
+	r, err := admin.Lease.Offer(context.Background(), connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: holder,
+		LeaseDuration: durationpb.New(30 * time.Second), AckTimeout: durationpb.New(10 * time.Second)}))
+	if err != nil {
+		t.Fatalf("offer %s: %v", job, err)
+	}
+	return r.Msg.Lease
+}
+
 // The rogue spends its lineage's budget on the follower, round after
 // round, while its sibling renews its sixty leases (30 s, every 10 s)
 // through that follower, half unary and half on a lease channel the
@@ -36,15 +62,9 @@ import (
 // leader, and none expires. Before, 16 of the 60 renewals of the first
 // round were admitted (the node's reserve) and the rest refused.
 func TestRogue47FARogueSpendingTheBudgetOnAFollowerCannotFreezeASiblingsLeases(t *testing.T) {
-	clk := clock.NewManual(epoch)
-	replicas, lead := startReplicasWith(t, 2, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.RateLimit, cfg.RateBurst = 5, 128 })
-	follower := followersOf(replicas, lead)[0]
+	clk, lead, follower, honest, rogue := siblingsOnAFollower(t)
 	ctx := context.Background()
 	admin := lead.AdminClients()
-	root := register(t, admin, "planner")
-	rootC := lead.Clients(root.Credential)
-	honest := spawn(t, rootC, root.Node.NodeId, "honest")
-	rogue := spawn(t, rootC, root.Node.NodeId, "rogue")
 	honestLead := lead.Clients(honest.Credential)
 	honestFollower := follower.Clients(honest.Credential)
 	rogueFollower := follower.Clients(rogue.Credential)
@@ -52,12 +72,7 @@ func TestRogue47FARogueSpendingTheBudgetOnAFollowerCannotFreezeASiblingsLeases(t
 	const jobs = 60
 	leases := make([]*tetherv1.Lease, jobs)
 	for i := range leases {
-		r, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: fmt.Sprintf("r47f-%02d", i), HolderIdentity: honest.Node.NodeId,
-			LeaseDuration: durationpb.New(30 * time.Second), AckTimeout: durationpb.New(10 * time.Second)}))
-		if err != nil {
-			t.Fatalf("offer %d: %v", i, err)
-		}
-		leases[i], _ = unary{honestLead}.send(t, ack(r.Msg.Lease))
+		leases[i], _ = unary{honestLead}.send(t, ack(offer30s(t, admin, fmt.Sprintf("r47f-%02d", i), honest.Node.NodeId)))
 	}
 	channel := openChannel(t, honestFollower)
 
@@ -121,26 +136,12 @@ func TestRogue47FARogueSpendingTheBudgetOnAFollowerCannotFreezeASiblingsLeases(t
 // lease it holds gives it, through the follower, that lease's allowance
 // and at most its node's reserve, as on the leader.
 func TestRogue47FAFollowersAllowanceGivesARogueNothingItDoesNotHold(t *testing.T) {
-	clk := clock.NewManual(epoch)
-	replicas, lead := startReplicasWith(t, 2, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.RateLimit, cfg.RateBurst = 5, 128 })
-	follower := followersOf(replicas, lead)[0]
+	clk, lead, follower, honest, rogue := siblingsOnAFollower(t)
 	ctx := context.Background()
 	admin := lead.AdminClients()
-	root := register(t, admin, "planner")
-	rootC := lead.Clients(root.Credential)
-	honest := spawn(t, rootC, root.Node.NodeId, "honest")
-	rogue := spawn(t, rootC, root.Node.NodeId, "rogue")
 	rogueFollower := follower.Clients(rogue.Credential)
-	offer := func(job, holder string) *tetherv1.Lease {
-		r, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: holder,
-			LeaseDuration: durationpb.New(30 * time.Second), AckTimeout: durationpb.New(10 * time.Second)}))
-		if err != nil {
-			t.Fatalf("offer %s: %v", job, err)
-		}
-		return r.Msg.Lease
-	}
-	victim, _ := unary{lead.Clients(honest.Credential)}.send(t, ack(offer("victim", honest.Node.NodeId)))
-	own := offer("own", rogue.Node.NodeId)
+	victim, _ := unary{lead.Clients(honest.Credential)}.send(t, ack(offer30s(t, admin, "victim", honest.Node.NodeId)))
+	own := offer30s(t, admin, "own", rogue.Node.NodeId)
 
 	spendLineage(t, rogueFollower, rogue.Node.NodeId)
 	refused := 0

@@ -98,17 +98,25 @@ func (l lateCalls) RoundTrip(r *http.Request) (*http.Response, error) {
 	w.stream = st
 	w.mu.Unlock()
 
+	detached := r.WithContext(ctx)
+	if r.Body != nil && r.Body != http.NoBody {
+		detached.Body = sent
+	}
+	return st.send(r, detached, st.end)
+}
+
+// send sends out (r, under the stream's context) and reads its answer as
+// the call's POST's is read: handed to r's sender while it waits, read by
+// the gateway once r's context is done. failed is what an exchange that
+// fails, or answers without a body, does.
+func (s *lateStream) send(r, out *http.Request, failed func()) (*http.Response, error) {
 	type exchange struct {
 		resp *http.Response
 		err  error
 	}
 	got := make(chan exchange, 1)
-	detached := r.WithContext(ctx)
-	if r.Body != nil && r.Body != http.NoBody {
-		detached.Body = sent
-	}
 	go func() {
-		resp, err := l.next.RoundTrip(detached)
+		resp, err := s.next.RoundTrip(out)
 		got <- exchange{resp, err}
 	}()
 	var x exchange
@@ -119,20 +127,20 @@ func (l lateCalls) RoundTrip(r *http.Request) (*http.Response, error) {
 		go func() {
 			x := <-got
 			if x.err != nil || x.resp.Body == nil {
-				st.end()
+				failed()
 				return
 			}
-			body := newLateBody(x.resp, st)
+			body := newLateBody(x.resp, s)
 			_, _ = io.Copy(io.Discard, body)
 			_ = body.Close()
 		}()
 		return nil, context.Cause(r.Context())
 	}
 	if x.err != nil || x.resp.Body == nil {
-		st.end()
+		failed()
 		return x.resp, x.err
 	}
-	x.resp.Body = newLateBody(x.resp, st)
+	x.resp.Body = newLateBody(x.resp, s)
 	return x.resp, nil
 }
 
@@ -268,42 +276,11 @@ func (s *lateStream) resumedBySDK(r *http.Request) (*http.Response, error) {
 	s.mu.Lock()
 	s.broken = false
 	s.mu.Unlock()
-	type exchange struct {
-		resp *http.Response
-		err  error
-	}
-	got := make(chan exchange, 1)
-	go func() {
-		resp, err := s.next.RoundTrip(r.WithContext(s.ctx))
-		got <- exchange{resp, err}
-	}()
-	failed := func() {
+	return s.send(r, r.WithContext(s.ctx), func() {
 		// Resumable again (the SDK tries again while the call is on; the
 		// gateway after the cancel).
 		s.ended(true)
-	}
-	var x exchange
-	select {
-	case x = <-got:
-	case <-r.Context().Done():
-		go func() {
-			x := <-got
-			if x.err != nil || x.resp.Body == nil {
-				failed()
-				return
-			}
-			body := newLateBody(x.resp, s)
-			_, _ = io.Copy(io.Discard, body)
-			_ = body.Close()
-		}()
-		return nil, context.Cause(r.Context())
-	}
-	if x.err != nil || x.resp.Body == nil {
-		failed()
-		return x.resp, x.err
-	}
-	x.resp.Body = newLateBody(x.resp, s)
-	return x.resp, nil
+	})
 }
 
 // sentBody is a call's request body, whole once read to its end.

@@ -71,16 +71,28 @@ func httpRunsOnWorld(t *testing.T, mode answerMode) (w *world, clk *clock.Manual
 		}
 	})
 	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, &mcp.StreamableHTTPOptions{JSONResponse: mode == answerJSON})
-	upHTTP := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+	clk, called = httpCallThrough(t, w, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		sdk.ServeHTTP(rw, r)
 		if r.Method == http.MethodPost && bytes.Contains(body, []byte(`"tools/call"`)) {
 			up.posts <- struct{}{}
 		}
-	}))
+	}), up.stop, up.started, mode == answerOpen)
+	return w, clk, up, called
+}
+
+// httpCallThrough opens a gateway, on a new manual clock, fronting the
+// Streamable HTTP upstream h (upstream "runs"; stop is closed before h is
+// let go), has the world's agent call runs/put through it (with a
+// progress token if progress), and waits for started: the upstream took
+// the call. called is the agent's call's end. The forty-sixth and
+// forty-seventh passes' rogue upstreams share it.
+func httpCallThrough(t *testing.T, w *world, h http.Handler, stop chan struct{}, started <-chan struct{}, progress bool) (clk *clock.Manual, called <-chan error) {
+	t.Helper()
+	upHTTP := httptest.NewServer(h)
 	t.Cleanup(upHTTP.Close)
-	t.Cleanup(func() { close(up.stop) }) // (first: the handler lets go)
+	t.Cleanup(func() { close(stop) }) // (first: the handler lets go)
 	clk = clock.NewManual(time.Now().UTC())
 	gw, err := mcpgate.Open(context.Background(), mcpgate.OpenConfig{
 		ControlPlane: w.srv.URL, Credential: w.srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: w.srv.HTTP, Clock: clk,
@@ -94,20 +106,42 @@ func httpRunsOnWorld(t *testing.T, mode answerMode) (w *world, clk *clock.Manual
 	done := make(chan error, 1)
 	go func() {
 		params := &mcp.CallToolParams{Name: "put", Arguments: map[string]any{}}
-		if mode == answerOpen {
+		if progress {
 			params.SetProgressToken("p")
 		}
 		_, err := cs.CallTool(context.Background(), params)
 		done <- err
 	}()
 	select {
-	case <-up.started:
+	case <-started:
 	case err := <-done:
 		t.Fatalf("the agent's call ended before the upstream took it: %v", err)
 	case <-time.After(guardWait):
 		t.Fatal("the upstream never took the call")
 	}
-	return w, clk, up, done
+	return clk, done
+}
+
+// passGrace waits for the gateway to wait, on clk, for a late answer and
+// has mcpgate.CancelAnswerGrace of clk pass.
+func passGrace(t *testing.T, clk *clock.Manual) {
+	t.Helper()
+	testserver.WaitFor(t, guardWait, "the gateway to wait for a late answer", func() bool {
+		return clk.Armed(clk.Now().Add(mcpgate.CancelAnswerGrace))
+	})
+	clk.Advance(mcpgate.CancelAnswerGrace)
+}
+
+// wantAcked fails unless the record has call cancelled_acked and the
+// agent's call ended with mcpgate.CodeCancelled.
+func wantAcked(t *testing.T, call *tetherv1.RecordToolCall, called <-chan error) {
+	t.Helper()
+	if call.Resolution != tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED {
+		t.Fatalf("record: runs/put %v (%q), want cancelled_acked", call.Resolution, call.Error)
+	}
+	if err := recv(t, called, "the agent's call"); rpcCode(err) != mcpgate.CodeCancelled {
+		t.Fatalf("the agent's call ended with %v, want code %d", err, mcpgate.CodeCancelled)
+	}
 }
 
 // httpAbortRecord aborts the world's agent, waits for the upstream to
@@ -174,18 +208,7 @@ func TestRogue46DHTTPUpstreamSilentAfterItsCancelIsAcknowledgedAfterTheGrace(t *
 	for name, mode := range answerModes {
 		t.Run(name, func(t *testing.T) {
 			w, clk, up, called := httpRunsOnWorld(t, mode)
-			call := httpAbortRecord(t, w, up, func() {
-				testserver.WaitFor(t, guardWait, "the gateway to wait for a late answer", func() bool {
-					return clk.Armed(clk.Now().Add(mcpgate.CancelAnswerGrace))
-				})
-				clk.Advance(mcpgate.CancelAnswerGrace)
-			})
-			if call.Resolution != tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED {
-				t.Fatalf("record: runs/put %v (%q), want cancelled_acked", call.Resolution, call.Error)
-			}
-			if err := recv(t, called, "the agent's call"); rpcCode(err) != mcpgate.CodeCancelled {
-				t.Fatalf("the agent's call ended with %v, want code %d", err, mcpgate.CodeCancelled)
-			}
+			wantAcked(t, httpAbortRecord(t, w, up, func() { passGrace(t, clk) }), called)
 			// The call's POST is not held past the grace: the upstream's
 			// handler of it ends (the tool itself still waits).
 			recv(t, up.posts, "the call's POST to end at the upstream")

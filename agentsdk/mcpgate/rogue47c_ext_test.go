@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,7 +11,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
-	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -59,34 +57,8 @@ func httpResumedWorld(t *testing.T, breakFirst bool) (w *world, clk *clock.Manua
 		}
 	})
 	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, &mcp.StreamableHTTPOptions{EventStore: mcp.NewMemoryEventStore(nil)})
-	upHTTP := httptest.NewServer(sdk)
-	t.Cleanup(upHTTP.Close)
-	t.Cleanup(func() { close(up.stop) }) // (first: the handler lets go)
-	clk = clock.NewManual(time.Now().UTC())
-	gw, err := mcpgate.Open(context.Background(), mcpgate.OpenConfig{
-		ControlPlane: w.srv.URL, Credential: w.srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: w.srv.HTTP, Clock: clk,
-		Upstreams: []mcpgate.Upstream{{Name: "runs", URL: upHTTP.URL}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(gw.Close)
-	cs := connectAgent(t, serveGateway(t, gw), w.grant.Token, nil)
-	done := make(chan error, 1)
-	go func() {
-		params := &mcp.CallToolParams{Name: "put", Arguments: map[string]any{}}
-		params.SetProgressToken("p")
-		_, err := cs.CallTool(context.Background(), params)
-		done <- err
-	}()
-	select {
-	case <-up.started:
-	case err := <-done:
-		t.Fatalf("the agent's call ended before the upstream took it: %v", err)
-	case <-time.After(guardWait):
-		t.Fatal("the upstream never took the call")
-	}
-	return w, clk, up, done
+	clk, called = httpCallThrough(t, w, sdk, up.stop, up.started, true)
+	return w, clk, up, called
 }
 
 // An upstream whose call's event stream breaks after the cancel, and that
@@ -120,18 +92,8 @@ func TestRogue47CHTTPUpstreamAnsweringOnAResumedStreamIsNotRecordedCancelled(t *
 // mcpgate.CancelAnswerGrace of the gateway's clock.
 func TestRogue47CHTTPUpstreamSilentOnAResumedStreamIsAcknowledgedAfterTheGrace(t *testing.T) {
 	w, clk, up, called := httpResumedWorld(t, false)
-	call := abortRecordAfter(t, w, func() { recv(t, up.cancelled, "the upstream to hear the call cancelled and end its stream") }, func() {
-		testserver.WaitFor(t, guardWait, "the gateway to wait for a late answer", func() bool {
-			return clk.Armed(clk.Now().Add(mcpgate.CancelAnswerGrace))
-		})
-		clk.Advance(mcpgate.CancelAnswerGrace)
-	})
-	if call.Resolution != tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED {
-		t.Fatalf("record: runs/put %v (%q), want cancelled_acked", call.Resolution, call.Error)
-	}
-	if err := recv(t, called, "the agent's call"); rpcCode(err) != mcpgate.CodeCancelled {
-		t.Fatalf("the agent's call ended with %v, want code %d", err, mcpgate.CodeCancelled)
-	}
+	call := abortRecordAfter(t, w, func() { recv(t, up.cancelled, "the upstream to hear the call cancelled and end its stream") }, func() { passGrace(t, clk) })
+	wantAcked(t, call, called)
 }
 
 // A rogue upstream that ends each resumed stream at once, with a new event
@@ -159,7 +121,7 @@ func TestRogue47CHTTPUpstreamEndingEveryResumptionIsResumedABoundedNumberOfTimes
 	})
 	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, &mcp.StreamableHTTPOptions{EventStore: mcp.NewMemoryEventStore(nil)})
 	var resumptions atomic.Int64
-	upHTTP := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+	_, called := httpCallThrough(t, w, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodGet && r.Header.Get("Last-Event-ID") != "" {
 			n := resumptions.Add(1)
 			rw.Header().Set("Content-Type", "text/event-stream")
@@ -168,34 +130,9 @@ func TestRogue47CHTTPUpstreamEndingEveryResumptionIsResumedABoundedNumberOfTimes
 			return
 		}
 		sdk.ServeHTTP(rw, r)
-	}))
-	t.Cleanup(upHTTP.Close)
-	t.Cleanup(func() { close(stop) })
-	clk := clock.NewManual(time.Now().UTC())
-	gw, err := mcpgate.Open(context.Background(), mcpgate.OpenConfig{
-		ControlPlane: w.srv.URL, Credential: w.srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: w.srv.HTTP, Clock: clk,
-		Upstreams: []mcpgate.Upstream{{Name: "runs", URL: upHTTP.URL}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(gw.Close)
-	cs := connectAgent(t, serveGateway(t, gw), w.grant.Token, nil)
-	called := make(chan error, 1)
-	go func() {
-		params := &mcp.CallToolParams{Name: "put", Arguments: map[string]any{}}
-		params.SetProgressToken("p")
-		_, err := cs.CallTool(context.Background(), params)
-		called <- err
-	}()
-	recv(t, started, "the upstream to take the call")
+	}), stop, started, true)
 	call := abortRecordAfter(t, w, func() { recv(t, cancelled, "the upstream to hear the call cancelled and end its stream") }, func() {})
-	if call.Resolution != tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED {
-		t.Fatalf("record: runs/put %v (%q), want cancelled_acked", call.Resolution, call.Error)
-	}
-	if err := recv(t, called, "the agent's call"); rpcCode(err) != mcpgate.CodeCancelled {
-		t.Fatalf("the agent's call ended with %v, want code %d", err, mcpgate.CodeCancelled)
-	}
+	wantAcked(t, call, called)
 	if n := resumptions.Load(); n != mcpgate.MaxStreamResumptions {
 		t.Fatalf("the upstream saw %d resumptions of the call's stream, want %d", n, mcpgate.MaxStreamResumptions)
 	}

@@ -9,7 +9,7 @@
 // refused while the run's agent drained, and a handoff target's shell ran
 // on after an operator's abort of its child.
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 
 import {
   Agent as OpenAIAgent,
@@ -24,17 +24,12 @@ import {
 import { ScriptedModel, assistantMessage, functionCall } from "@openai/agents/testing";
 
 import { runTethered } from "../src/adapters/openai-agents.js";
-import { echo } from "./echo.js";
-import { startServer, TestServer } from "./server.js";
+import { echoAfter } from "./echo.js";
+import { serveTests, type TestServer } from "./server.js";
 
 setTracingDisabled(true);
 let server: TestServer;
-before(async () => {
-  server = await startServer();
-});
-after(async () => {
-  await server?.stop();
-});
+serveTests((s) => (server = s));
 
 const shellCall = (callId: string, ...commands: string[]) =>
   ({ type: "shell_call", callId, status: "completed", action: { commands } }) as const;
@@ -60,15 +55,7 @@ describe("rogue47B: the local tools that are not function tools", () => {
   test("a local shell tool's commands are gated as the run's node and refused while it drains", async () => {
     const { recorded, gate, scope } = await server.recordedRootScope("r47b-gate-1", "triage", ["tool:*"]);
     const ran: string[] = [];
-    const drain = echo("drain");
-    const draining = {
-      ...drain,
-      invoke: async (...args: Parameters<typeof drain.invoke>) => {
-        await server.terminate(scope.agent.nodeId, "drain");
-        await TestServer.aborted(scope.drainSignal);
-        return drain.invoke(...args);
-      },
-    };
+    const draining = echoAfter("drain", () => server.drained(scope));
     const model = new ScriptedModel([
       [shellCall("1", "ls /data")],
       [functionCall("drain", { x: "a" }, { callId: "2" })],
@@ -93,18 +80,9 @@ describe("rogue47B: the local tools that are not function tools", () => {
     const { recorded, gate, scope } = await server.recordedRootScope("r47b-gate-2", "triage", ["tool:*"]);
     const ran: string[] = [];
     let child = "";
-    const abort = echo("abort");
-    const aborting = {
-      ...abort,
-      invoke: async (...args: Parameters<typeof abort.invoke>) => {
-        const editor = scope.children.find((c) => c.agent.nodeId !== scope.agent.nodeId);
-        assert.ok(editor);
-        child = editor.agent.nodeId;
-        await server.terminate(child, "abort");
-        await TestServer.aborted(editor.signal);
-        return abort.invoke(...args);
-      },
-    };
+    const aborting = echoAfter("abort", async () => {
+      child = (await server.abortedChild(scope)).agent.nodeId;
+    });
     const model = new ScriptedModel([
       [functionCall("transfer_to_editor", {}, { callId: "1" })],
       [patchCall("2", "notes.md")],

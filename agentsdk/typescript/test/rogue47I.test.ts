@@ -13,24 +13,19 @@ import assert from "node:assert/strict";
 import { existsSync, mkdtempSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 import { fileURLToPath } from "node:url";
 
 import { Agent as OpenAIAgent, MCPServerStdio, setTracingDisabled } from "@openai/agents";
 import { ScriptedModel, assistantMessage, functionCall } from "@openai/agents/testing";
 
 import { runTethered } from "../src/adapters/openai-agents.js";
-import { echo } from "./echo.js";
-import { startServer, TestServer } from "./server.js";
+import { echoAfter } from "./echo.js";
+import { serveTests, type TestServer } from "./server.js";
 
 setTracingDisabled(true);
 let server: TestServer;
-before(async () => {
-  server = await startServer();
-});
-after(async () => {
-  await server?.stop();
-});
+serveTests((s) => (server = s));
 
 const serverScript = fileURLToPath(new URL("./mcpFiles.js", import.meta.url));
 
@@ -46,15 +41,7 @@ describe("rogue47I: the tools of an agent's MCP servers", () => {
   test("an MCP tool is gated as the run's node and refused while it drains", async () => {
     const { recorded, gate, scope } = await server.recordedRootScope("r47i-gate-1", "triage", ["tool:*", "mcp:*"]);
     const { mcp, ran } = await files();
-    const drain = echo("drain");
-    const draining = {
-      ...drain,
-      invoke: async (...args: Parameters<typeof drain.invoke>) => {
-        await server.terminate(scope.agent.nodeId, "drain");
-        await TestServer.aborted(scope.drainSignal);
-        return drain.invoke(...args);
-      },
-    };
+    const draining = echoAfter("drain", () => server.drained(scope));
     const model = new ScriptedModel([
       [functionCall("delete", { path: "notes.md" }, { callId: "1" })],
       [functionCall("drain", { x: "a" }, { callId: "2" })],
@@ -84,19 +71,10 @@ describe("rogue47I: the tools of an agent's MCP servers", () => {
     const { recorded, gate, scope } = await server.recordedRootScope("r47i-gate-2", "triage", ["tool:*", "mcp:*"]);
     const { mcp, ran } = await files();
     let child = "";
-    const abort = echo("abort");
-    const aborting = {
-      ...abort,
-      invoke: async (...args: Parameters<typeof abort.invoke>) => {
-        const editor = scope.children.find((c) => c.agent.nodeId !== scope.agent.nodeId);
-        assert.ok(editor);
-        child = editor.agent.nodeId;
-        assert.ok(editor.scopes.includes("mcp:files/*"), JSON.stringify(editor.scopes));
-        await server.terminate(child, "abort");
-        await TestServer.aborted(editor.signal);
-        return abort.invoke(...args);
-      },
-    };
+    const aborting = echoAfter("abort", async () => {
+      const editor = await server.abortedChild(scope, (c) => assert.ok(c.scopes.includes("mcp:files/*"), JSON.stringify(c.scopes)));
+      child = editor.agent.nodeId;
+    });
     const model = new ScriptedModel([
       [functionCall("transfer_to_editor", {}, { callId: "1" })],
       [functionCall("delete", { path: "notes.md" }, { callId: "2" })],

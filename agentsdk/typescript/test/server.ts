@@ -1,6 +1,7 @@
 // A real Tether server for the tests: the binary from $TETHER_BIN, or built
 // once per test process with `go build` from this repository, serving on a
 // free loopback port with a fresh data directory.
+import assert from "node:assert/strict";
 import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
 import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
@@ -8,6 +9,7 @@ import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
+import { after, before } from "node:test";
 import { promisify } from "node:util";
 
 import { timestampDate } from "@bufbuild/protobuf/wkt";
@@ -19,6 +21,21 @@ const run = promisify(execFile);
 const here = dirname(fileURLToPath(import.meta.url));
 // dist/test -> agentsdk/typescript -> repository root
 const repoRoot = resolve(here, "..", "..", "..", "..");
+
+/**
+ * Starts a server before the file's tests, hands it to got, and stops it
+ * after them.
+ */
+export function serveTests(got: (server: TestServer) => void): void {
+  let server: TestServer | undefined;
+  before(async () => {
+    server = await startServer();
+    got(server);
+  });
+  after(async () => {
+    await server?.stop();
+  });
+}
 
 let built: Promise<string> | undefined;
 
@@ -184,6 +201,26 @@ export class TestServer {
       if (signal.aborted) return resolve();
       signal.addEventListener("abort", () => resolve(), { once: true });
     });
+  }
+
+  /** Drains scope's agent and waits until scope sees it draining. */
+  async drained(scope: TetherScope): Promise<void> {
+    await this.terminate(scope.agent.nodeId, "drain");
+    await TestServer.aborted(scope.drainSignal);
+  }
+
+  /**
+   * Aborts the child scope spawned that is not its own agent (a handoff
+   * target's), after check of it, waits until the child sees it, and
+   * returns the child.
+   */
+  async abortedChild(scope: TetherScope, check: (child: TetherScope) => void = () => {}): Promise<TetherScope> {
+    const child = scope.children.find((c) => c.agent.nodeId !== scope.agent.nodeId);
+    assert.ok(child);
+    check(child);
+    await this.terminate(child.agent.nodeId, "abort");
+    await TestServer.aborted(child.signal);
+    return child;
   }
 
   /** Terminates a node's subtree and returns the termination id. */

@@ -119,7 +119,19 @@ def _gated_run(fn: Any, gate: ToolGate, node: Node, name: str) -> Any:
 _COMPUTER_ACTIONS = ("screenshot", "click", "double_click", "scroll", "type", "wait", "move", "keypress", "drag")
 
 
-class _GatedComputer(AsyncComputer):
+class _Wrapping:
+    """A wrapper answering what it does not define from the object it
+    wraps, ``_inner``."""
+
+    _inner: Any
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr == "_inner":
+            raise AttributeError(attr)
+        return getattr(self._inner, attr)
+
+
+class _GatedComputer(_Wrapping, AsyncComputer):
     """A computer (``Computer`` or ``AsyncComputer``) whose every action is
     one gated call of the computer tool."""
 
@@ -135,11 +147,6 @@ class _GatedComputer(AsyncComputer):
     @property
     def dimensions(self) -> Any:
         return self._inner.dimensions
-
-    def __getattr__(self, attr: str) -> Any:
-        if attr == "_inner":
-            raise AttributeError(attr)
-        return getattr(self._inner, attr)
 
     # Shadowed per instance by the gated actions __init__ sets.
     async def screenshot(self) -> str: raise NotImplementedError  # noqa: E704
@@ -215,7 +222,7 @@ def mcp_scope(server: str, tool: str = "*") -> str:
     return f"mcp:{server}/{tool}"
 
 
-class _GatedMCPServer(MCPServer):
+class _GatedMCPServer(_Wrapping, MCPServer):
     """An agent's MCP server whose every tool call (the SDK lists the
     server's tools at run time and calls ``call_tool`` for each one the
     model asks for) is one gated call of the tool ``<server>/<tool>`` as
@@ -226,11 +233,6 @@ class _GatedMCPServer(MCPServer):
 
     def __init__(self, inner: MCPServer, gate: ToolGate, node: Node):  # noqa: D107 (the inner server was initialised)
         self._inner, self._gate, self._node = inner, gate, node
-
-    def __getattr__(self, attr: str) -> Any:
-        if attr == "_inner":
-            raise AttributeError(attr)
-        return getattr(self._inner, attr)
 
     @property
     def name(self) -> str:
