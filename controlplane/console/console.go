@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -61,9 +62,11 @@ type Console struct {
 type session struct {
 	id   string
 	csrf string
-	// bind is the secret the sign-in gave this browser in its redirect's
-	// fragment (boundAction): never in a page, a cookie or a request's URL.
+	// bind is the secret the first page the sign-in led to gave this
+	// browser (bindShown; see action): in no other page, no cookie and
+	// no URL.
 	bind      string
+	bindShown atomic.Bool
 	principal string
 	role      tetherv1.Role
 	seq       uint64 // sign-in order
@@ -308,7 +311,21 @@ const maxFormBytes = 64 << 10
 
 // action wraps a state-changing POST: same-origin (CrossOriginProtection),
 // a live session, and the session's CSRF token, or nothing happens; a
-// bound action also the session's bind secret (boundAction).
+// bound action (all but sign-out) also the session's bind secret.
+//
+// A session's cookie is not the operator's alone. Cookies are not
+// isolated by port (RFC 6265 §8.5): the browser sends the console's
+// session cookie, HttpOnly and SameSite=Strict as it is, with every
+// request of a page of any port of the console's host, to that port, so
+// an agent serving a page there ("my report: http://127.0.0.1:8800/")
+// read the session id from the operator's visit, and its own client,
+// which sends no Fetch Metadata, read a console page in the session for
+// its CSRF token and acted as the operator (rogue47d test). The bind
+// secret is in the first page the sign-in's redirect leads to and in no
+// later one (render): the browser that signed in follows that redirect at
+// once, before it can visit another page. The console's script keeps it
+// in the console origin's localStorage, which no other port's page reads,
+// and adds it to every form it posts.
 func (c *Console) action(h func(http.ResponseWriter, *http.Request, *session), bound bool) http.Handler {
 	return c.cop.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
@@ -333,21 +350,6 @@ func (c *Console) action(h func(http.ResponseWriter, *http.Request, *session), b
 		h(w, r, s)
 	}))
 }
-
-// boundAction: a session's cookie is not the operator's alone. Cookies
-// are not isolated by port (RFC 6265 §8.5): the browser sends the
-// console's session cookie, HttpOnly and SameSite=Strict as it is, with
-// every request of a page of any port of the console's host, to that
-// port, so an agent serving a page there ("my report:
-// http://127.0.0.1:8800/") read the session id from the operator's visit,
-// and its own client, which sends no Fetch Metadata, read a console page
-// in the session for its CSRF token and acted as the operator. An action
-// (but sign-out) also needs the session's bind secret, which the sign-in
-// gives the browser in the fragment of its redirect (a browser never
-// sends a fragment to a server): the console's script keeps it in the
-// console origin's localStorage, which no other port's page reads, and
-// adds it to every form it posts. No page, cookie or URL the browser
-// sends holds it.
 
 func randomID() string {
 	b := make([]byte, 32)
@@ -439,9 +441,8 @@ func (c *Console) signin(w http.ResponseWriter, r *http.Request) {
 		Name: cookieName(r), Value: s.id, Path: "/",
 		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode,
 	})
-	// The bind secret in the fragment, for the console's script alone
-	// (boundAction).
-	http.Redirect(w, r, "/ui/tree#bind="+s.bind, http.StatusSeeOther)
+	// The page this leads to carries the bind secret (render, action).
+	http.Redirect(w, r, "/ui/tree", http.StatusSeeOther)
 }
 
 func (c *Console) signout(w http.ResponseWriter, r *http.Request, s *session) {
@@ -471,7 +472,10 @@ type view struct {
 	Role    string
 	Stop    bool
 	Operate bool
-	Data    any
+	// Bind is the session's bind secret, in the first page rendered in
+	// it alone (action).
+	Bind string
+	Data any
 }
 
 func (c *Console) render(w http.ResponseWriter, r *http.Request, s *session, status int, page, title string, data any) {
@@ -480,6 +484,9 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, s *session, sta
 	if s != nil {
 		v.CSRF, v.Who, v.Role = s.csrf, s.principal, roleName(s.role)
 		v.Stop, v.Operate = s.canStop(), s.canOperate()
+		if s.bindShown.CompareAndSwap(false, true) {
+			v.Bind = s.bind
+		}
 	}
 	var buf strings.Builder
 	if err := t.ExecuteTemplate(&buf, "layout", v); err != nil {

@@ -24,7 +24,7 @@ func TestSignInOpensAServerSideSession(t *testing.T) {
 		t.Fatalf("signed-out tree: %d %s, want a redirect to sign-in", p.status, p.header.Get("Location"))
 	}
 	p := b.signIn(w.srv.Admin)
-	if p.status != http.StatusSeeOther || !strings.HasPrefix(p.header.Get("Location"), "/ui/tree#bind=") {
+	if p.status != http.StatusSeeOther || p.header.Get("Location") != "/ui/tree" {
 		t.Fatalf("sign-in: %d %s\n%s", p.status, p.header.Get("Location"), p.body)
 	}
 	cookie := p.header.Get("Set-Cookie")
@@ -459,7 +459,7 @@ func TestOneTokenCannotFillTheSessionTable(t *testing.T) {
 	}
 	// Another operator signs in as usual.
 	other := newBrowser(t, w.srv.URL)
-	if p := other.signIn(w.srv.Admin); p.status != http.StatusSeeOther || !strings.HasPrefix(p.header.Get("Location"), "/ui/tree#bind=") {
+	if p := other.signIn(w.srv.Admin); p.status != http.StatusSeeOther || p.header.Get("Location") != "/ui/tree" {
 		t.Fatalf("admin sign-in: %d", p.status)
 	}
 }

@@ -25,11 +25,12 @@ import (
 // stopped another agent as the operator. In real Chromium: the operator
 // signs in and opens the rogue's page; the rogue's server keeps the
 // cookie it is sent and posts a stop of the planner (another tree) with
-// it. A console action now also needs the secret the sign-in gave the
-// browser in its redirect's fragment (never sent to a server, kept in the
-// console origin's localStorage, added to each form by the console's
-// script): the rogue's stop is refused and the planner runs on; the
-// operator's own stop of the rogue, from its node page, is made.
+// it. A console action now also needs the secret the first page after
+// the sign-in gave the browser that signed in (in no later page, no
+// cookie, no URL; kept in the console origin's localStorage, added to
+// each form by the console's script): the rogue's pages carry no secret,
+// its stop is refused and the planner runs on; the operator's own stop
+// of the rogue, from its node page, is made.
 func TestRogue47DASessionCookieSentToAnotherPortCannotAct(t *testing.T) {
 	ctx := chrome(t)
 	srv, rogue, operator := rogue45AWorld(t)
@@ -68,9 +69,13 @@ func TestRogue47DASessionCookieSentToAnotherPortCannotAct(t *testing.T) {
 	u, _ := url.Parse(base)
 	b.hc.Jar.SetCookies(u, cookies)
 	target := "/ui/nodes/" + planner.Msg.Node.NodeId
-	m := csrfField.FindStringSubmatch(b.get(target).body)
+	read := b.get(target).body
+	m := csrfField.FindStringSubmatch(read)
 	if m == nil {
 		t.Fatalf("the rogue, with the cookies the browser sent it (%d), reads no node page of the operator's session", len(cookies))
+	}
+	if bindMeta.MatchString(read) || bindMeta.MatchString(b.get("/ui/tree").body) {
+		t.Fatalf("a page the rogue read in the operator's session carries the session's bind secret")
 	}
 	p := b.post(target+"/terminate", url.Values{"csrf": {m[1]}, "expected_state": {"running"}, "mode": {"abort"}, "reason": {"stolen session"}}, nil)
 	got, err := srv.AdminClients().Agent.GetNode(context.Background(), connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: planner.Msg.Node.NodeId}))

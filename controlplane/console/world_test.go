@@ -152,9 +152,9 @@ type browser struct {
 	t    *testing.T
 	base string
 	hc   *http.Client
-	// bind is the secret its last sign-in's redirect carried in its
-	// fragment, which the console's script adds to every form posted
-	// (post does, unless the form names one).
+	// bind is the secret the first page of its last sign-in carried,
+	// which the console's script adds to every form posted (post does,
+	// unless the form names one).
 	bind string
 }
 
@@ -210,11 +210,17 @@ func (b *browser) sameOrigin() map[string]string {
 func (b *browser) signIn(token string) page {
 	b.t.Helper()
 	p := b.post("/ui/signin", url.Values{"token": {token}}, b.sameOrigin())
-	if _, bind, ok := strings.Cut(p.header.Get("Location"), "#bind="); ok {
-		b.bind = bind
+	if p.status == http.StatusSeeOther && p.header.Get("Location") == "/ui/tree" {
+		// As a browser follows the redirect, and its script keeps the
+		// secret the page carries.
+		if m := bindMeta.FindStringSubmatch(b.get("/ui/tree").body); m != nil {
+			b.bind = m[1]
+		}
 	}
 	return p
 }
+
+var bindMeta = regexp.MustCompile(`<meta name="tether-bind" content="([^"]+)">`)
 
 var csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
 

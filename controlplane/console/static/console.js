@@ -153,17 +153,18 @@ function setupFeed() {
 }
 
 // ---- the session's bind secret ----
-// The sign-in's redirect carries it in its fragment, which no server is
-// sent; it is kept in this origin's localStorage (no page of another port
+// The first page the sign-in leads to carries it, and no later page
+// does; it is kept in this origin's localStorage (no page of another port
 // of the console's host reads it, though the browser sends such a page's
 // server the session cookie) and added to every form posted, as the
-// console's actions require (console.go, boundAction).
+// console's actions require (console.go, action).
 const bindKey = "tether-console-bind";
 
 function setupBind() {
-  if (location.hash.startsWith("#bind=")) {
-    localStorage.setItem(bindKey, location.hash.slice("#bind=".length));
-    history.replaceState(null, "", location.pathname + location.search);
+  const meta = document.querySelector('meta[name="tether-bind"]');
+  if (meta) {
+    localStorage.setItem(bindKey, meta.content);
+    meta.remove();
   }
   document.addEventListener("submit", (ev) => {
     const form = ev.target;
