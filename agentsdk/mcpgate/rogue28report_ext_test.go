@@ -289,6 +289,16 @@ func TestRogue28AStdioRefusalsAreReportedToo(t *testing.T) {
 			// gateway).
 			gw := gatewayWithHeldScan(t, w)
 			cs := serveStdioAgent(t, gw, w.grant.Token).cs
+			// The client's notification that it is initialized is the
+			// node seen, reported as it is read; a ping, answered once a
+			// report begun after it arrived has landed, settles that
+			// report before the session: landing after the session's end
+			// it was the node seen then, and the rogue's refusal, later,
+			// not the first sign of life after the end to be noted (under
+			// load, 1 run in about 10 timed out so).
+			if err := cs.Ping(ctx, nil); err != nil {
+				t.Fatal(err)
+			}
 			var err error
 
 			// Its session at the control plane opens and ends.
