@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tetherhq/tether/internal/clock"
-	"github.com/tetherhq/tether/internal/etcdtest"
 	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
@@ -60,14 +58,7 @@ func TestRogue34DAnOlderCallEndedDoesNotHideTheLongOne(t *testing.T) {
 // TestRogue34DAnOlderCallEndedDoesNotHideTheLongOneOnEtcd is the same on
 // etcd: the listing's first key read by a scan stopped at it.
 func TestRogue34DAnOlderCallEndedDoesNotHideTheLongOneOnEtcd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
-	}
-	st := etcdtest.OpenStore(t, etcdtest.Start(t))
-	clk := clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	rules := &Rules{Store: st, Clock: clk}
-	rogue34dOlderCallEnded(t, &rogue31cRig{t: t, st: st, clk: clk, rules: rules,
-		agents: &tree.Tree{Store: st, Clock: clk, Observer: rules, Limits: tree.Limits{MaxDepth: 8, MaxChildren: 1000, MaxLabels: 4}}})
+	rogue34dOlderCallEnded(t, newRogue35kEtcdRig(t))
 }
 
 func rogue34dOlderCallEnded(t *testing.T, g *rogue31cRig) {

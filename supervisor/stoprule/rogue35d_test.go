@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tetherhq/tether/internal/clock"
-	"github.com/tetherhq/tether/internal/etcdtest"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/tree"
@@ -123,14 +121,7 @@ func TestRogue35DTheOldestOpenCallIsExactWhateverTheSlots(t *testing.T) {
 // TestRogue35DTheOldestOpenCallIsExactWhateverTheSlotsOnEtcd is the same
 // on etcd.
 func TestRogue35DTheOldestOpenCallIsExactWhateverTheSlotsOnEtcd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
-	}
-	st := etcdtest.OpenStore(t, etcdtest.Start(t))
-	clk := clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	rules := &Rules{Store: st, Clock: clk}
-	rogue35dOldestExact(t, &rogue31cRig{t: t, st: st, clk: clk, rules: rules,
-		agents: &tree.Tree{Store: st, Clock: clk, Observer: rules, Limits: tree.Limits{MaxDepth: 8, MaxChildren: 1000, MaxLabels: 4}}}, 150)
+	rogue35dOldestExact(t, newRogue35kEtcdRig(t), 150)
 }
 
 func rogue35dOldestExact(t *testing.T, g *rogue31cRig, steps int) {
@@ -273,14 +264,7 @@ func TestRogue35DEndedCallsTheRogueListedAreNotScannedByTheRule(t *testing.T) {
 // same on etcd, where the end of the earliest listed call reads the next
 // by a range request in its transaction.
 func TestRogue35DEndedCallsTheRogueListedAreNotScannedByTheRuleOnEtcd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
-	}
-	st := etcdtest.OpenStore(t, etcdtest.Start(t))
-	clk := clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	rules := &Rules{Store: st, Clock: clk}
-	rogue35dEndedCallsNotScanned(t, &rogue31cRig{t: t, st: st, clk: clk, rules: rules,
-		agents: &tree.Tree{Store: st, Clock: clk, Observer: rules, Limits: tree.Limits{MaxDepth: 8, MaxChildren: 1000, MaxLabels: 4}}})
+	rogue35dEndedCallsNotScanned(t, newRogue35kEtcdRig(t))
 }
 
 func rogue35dEndedCallsNotScanned(t *testing.T, g *rogue31cRig) {

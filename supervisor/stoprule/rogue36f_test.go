@@ -5,12 +5,9 @@ import (
 	"fmt"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/capability/grantstore"
-	"github.com/tetherhq/tether/internal/clock"
-	"github.com/tetherhq/tether/internal/etcdtest"
 	"github.com/tetherhq/tether/internal/fault"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/supervisor/tree"
@@ -79,14 +76,7 @@ func TestRogue36FHoldingManyGrantsIsChargedToTheRogue(t *testing.T) {
 // TestRogue36FHoldingManyGrantsIsChargedToTheRogueOnEtcd is the same on
 // etcd.
 func TestRogue36FHoldingManyGrantsIsChargedToTheRogueOnEtcd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
-	}
-	st := etcdtest.OpenStore(t, etcdtest.Start(t))
-	clk := clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	rules := &Rules{Store: st, Clock: clk}
-	rogue36fManyGrantsCharged(t, &rogue31cRig{t: t, st: st, clk: clk, rules: rules,
-		agents: &tree.Tree{Store: st, Clock: clk, Observer: rules, Limits: tree.Limits{MaxDepth: 8, MaxChildren: 1000, MaxLabels: 4}}})
+	rogue36fManyGrantsCharged(t, newRogue35kEtcdRig(t))
 }
 
 func rogue36fManyGrantsCharged(t *testing.T, g *rogue31cRig) {
@@ -172,14 +162,7 @@ func TestRogue36FRulesOnTerminatedSubtreesAreNotCompiledAtEachStart(t *testing.T
 // TestRogue36FRulesOnTerminatedSubtreesAreNotCompiledAtEachStartOnEtcd is
 // the same on etcd.
 func TestRogue36FRulesOnTerminatedSubtreesAreNotCompiledAtEachStartOnEtcd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
-	}
-	st := etcdtest.OpenStore(t, etcdtest.Start(t))
-	clk := clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	rules := &Rules{Store: st, Clock: clk}
-	rogue36fTerminatedRulesNotLoaded(t, &rogue31cRig{t: t, st: st, clk: clk, rules: rules,
-		agents: &tree.Tree{Store: st, Clock: clk, Observer: rules, Limits: tree.Limits{MaxDepth: 8, MaxChildren: 1000, MaxLabels: 4}}})
+	rogue36fTerminatedRulesNotLoaded(t, newRogue35kEtcdRig(t))
 }
 
 func rogue36fTerminatedRulesNotLoaded(t *testing.T, g *rogue31cRig) {
