@@ -8,23 +8,18 @@
 // did not reach them), or none at all (the call failed). A rogue model
 // picks the path.
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 
 import { Agent as OpenAIAgent, setTracingDisabled } from "@openai/agents";
 import { ScriptedModel, assistantMessage, functionCall } from "@openai/agents/testing";
 
 import { runTethered } from "../src/adapters/openai-agents.js";
 import { echo } from "./echo.js";
-import { startServer, TestServer } from "./server.js";
+import { serveTests, type TestServer } from "./server.js";
 
 setTracingDisabled(true);
 let server: TestServer;
-before(async () => {
-  server = await startServer();
-});
-after(async () => {
-  await server?.stop();
-});
+serveTests((s) => (server = s));
 
 describe("rogue45J: a handoff target reached along two paths", () => {
   test("runs each time as the child its own handoff spawned, under the agent that handed off", async () => {

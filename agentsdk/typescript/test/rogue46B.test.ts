@@ -9,7 +9,7 @@
 // own tools': scope escalation for its own target's), the Python adapter
 // now deriving them from what the child reaches.
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 
 import { Agent as OpenAIAgent, setTracingDisabled, tool } from "@openai/agents";
 import { ScriptedModel, assistantMessage, functionCall } from "@openai/agents/testing";
@@ -17,16 +17,11 @@ import { z } from "zod";
 
 import { runTethered, tetherAgent, tetherAgentTool } from "../src/adapters/openai-agents.js";
 import { echo } from "./echo.js";
-import { startServer, TestServer } from "./server.js";
+import { serveTests, TestServer } from "./server.js";
 
 setTracingDisabled(true);
 let server: TestServer;
-before(async () => {
-  server = await startServer();
-});
-after(async () => {
-  await server?.stop();
-});
+serveTests((s) => (server = s));
 
 function researcher(model: ScriptedModel, ran: string[], onLook: () => Promise<void> = async () => {}) {
   const look = tool({
