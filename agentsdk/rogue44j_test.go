@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/agentsdk"
@@ -30,15 +29,11 @@ type rogue44JPath struct {
 }
 
 func (p *rogue44JPath) RoundTrip(r *http.Request) (*http.Response, error) {
-	if !strings.HasSuffix(r.URL.Path, "/Ack") {
-		return p.next.RoundTrip(r)
-	}
-	body, err := peekBody(r)
+	own, err := peekOwn(r, "Ack", p.own, &tetherv1.AckRequest{})
 	if err != nil {
 		return nil, err
 	}
-	var req tetherv1.AckRequest
-	if err := proto.Unmarshal(body, &req); err != nil || req.JobId != p.own {
+	if !own {
 		return p.next.RoundTrip(r)
 	}
 	return relayForgedAck(p.next, r, func(a *tetherv1.AckResponse) { a.Lease = nil })

@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/agentsdk"
@@ -56,15 +54,11 @@ func (p *rogue46CPath) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		return nil, errors.New("rogue46c path: withheld")
 	}
-	if !strings.HasSuffix(r.URL.Path, "/Renew") {
-		return p.next.RoundTrip(r)
-	}
-	body, err := peekBody(r)
+	own, err := peekOwn(r, "Renew", p.own, &tetherv1.RenewRequest{})
 	if err != nil {
 		return nil, err
 	}
-	var req tetherv1.RenewRequest
-	if err := proto.Unmarshal(body, &req); err != nil || req.JobId != p.own {
+	if !own {
 		return p.next.RoundTrip(r)
 	}
 	resp, err := relayForged(p.next, r, &tetherv1.RenewResponse{}, func(real *tetherv1.RenewResponse) {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"google.golang.org/protobuf/proto"
 
@@ -58,4 +59,21 @@ func peekBody(r *http.Request) ([]byte, error) {
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	return body, nil
+}
+
+// peekOwn reports whether r, a request a rogue path relays, is a call of
+// method about the job the path forges for, its body read into m (and
+// put back for the relay).
+func peekOwn(r *http.Request, method, job string, m interface {
+	proto.Message
+	GetJobId() string
+}) (bool, error) {
+	if !strings.HasSuffix(r.URL.Path, "/"+method) {
+		return false, nil
+	}
+	body, err := peekBody(r)
+	if err != nil {
+		return false, err
+	}
+	return proto.Unmarshal(body, m) == nil && m.GetJobId() == job, nil
 }
