@@ -2,7 +2,19 @@
 // with the calling node's capability token; a handoff spawns the target as
 // a child node with an attenuated grant; the run is aborted when its
 // subtree is aborted.
-import { Agent as OpenAIAgent, Handoff, run, type AgentToolOptions, type Computer, type FunctionTool, type MCPServer, type Tool } from "@openai/agents";
+import {
+  Agent as OpenAIAgent,
+  Handoff,
+  attachClientToolSearchExecutor,
+  getClientToolSearchExecutor,
+  run,
+  type AgentToolOptions,
+  type Computer,
+  type FunctionTool,
+  type HostedTool,
+  type MCPServer,
+  type Tool,
+} from "@openai/agents";
 
 import { isRefusedStopping, isRefusedToken } from "../errors.js";
 import { TetherScope } from "../scope.js";
@@ -134,6 +146,7 @@ function gateLocalTool(scope: () => TetherScope, t: Tool<any>): Tool<any> | unde
  * it is.
  */
 export function gateTool<T extends Tool<any>>(scope: () => TetherScope, t: T, options: TetherAgentOptions = {}): T {
+  if (t.type === "hosted_tool" && getClientToolSearchExecutor(t)) return gatedToolSearch(scope, t, options) as T;
   if (t.type !== "function") return (gateLocalTool(scope, t) ?? t) as T;
   let fn = t as unknown as FunctionTool<any, any, any>;
   const spec = agentTools.get(t);
@@ -163,6 +176,41 @@ export function gateTool<T extends Tool<any>>(scope: () => TetherScope, t: T, op
   };
   gatedTools.add(gated);
   return gated as unknown as T;
+}
+
+/**
+ * A client tool search (`toolSearchTool({ execution: "client", execute })`)
+ * whose execute, run here each time the model asks for a search, is one
+ * gated call of the tool's name (`tool_search`) as the node of scope, and
+ * whose every tool loaded (function tools made at run time, which the
+ * framework adds to the run and calls when the model asks) is gated as a
+ * function tool of the agent is, `tool:<name>`. A search refused (the node
+ * is stopping, or its grant is revoked) loads nothing, unless refusalMessage
+ * says to throw. Until the forty-eighth pass the adapter took the search
+ * for a hosted tool and returned it as it was: a model steered into it ran
+ * its execute and every tool it loaded (a registry's `delete`) as no node of
+ * the tree, recorded nowhere, needing no scope, not refused while the run
+ * drained nor after an operator aborted the child that ran them (rogue48E
+ * tests).
+ */
+function gatedToolSearch(scope: () => TetherScope, t: HostedTool, options: TetherAgentOptions): HostedTool {
+  const execute = getClientToolSearchExecutor(t)!;
+  const refusal = options.refusalMessage ?? defaultRefusal;
+  const gated = attachClientToolSearchExecutor({ ...t }, async (args) => {
+    let loaded: Awaited<ReturnType<typeof execute>>;
+    try {
+      loaded = await scope().call(t.name, () => execute(args));
+    } catch (err) {
+      if ((isRefusedStopping(err) || isRefusedToken(err)) && refusal(t.name, err) !== undefined) return null;
+      throw err;
+    }
+    if (loaded === null || loaded === undefined) return loaded;
+    // A tool of the agent's own the search's loadDefault hands back (a
+    // deferred one) is gated already, as this node.
+    return (Array.isArray(loaded) ? loaded : [loaded]).map((l) => (gatedTools.has(l) ? l : gateTool(scope, l, options)));
+  });
+  gatedTools.add(gated);
+  return gated;
 }
 
 /**
@@ -229,8 +277,9 @@ function gatedMcpServer(scope: () => TetherScope, given: MCPServer): MCPServer {
   return gated;
 }
 
-/** Whether t runs here, its calls gated, without being a function tool. */
-const gatesLocally = (t: Tool<any>) => t.type === "computer" || t.type === "apply_patch" || (t.type === "shell" && !!t.shell);
+/** Whether t runs here, its calls gated, without being a function tool (a client tool search's execute among them). */
+const gatesLocally = (t: Tool<any>) =>
+  t.type === "computer" || t.type === "apply_patch" || (t.type === "shell" && !!t.shell) || (t.type === "hosted_tool" && !!getClientToolSearchExecutor(t));
 
 /**
  * `tool:<name>` for each function tool of agent (and each tool gated here

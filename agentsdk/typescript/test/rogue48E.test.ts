@@ -1,0 +1,162 @@
+// The forty-eighth hostile pass on the @openai/agents adapter: the client
+// tool search. toolSearchTool({ execution: "client", execute }) is a hosted
+// tool to the adapter (gateTool returned it as it was: "hosted tools run at
+// the model provider"), but its execute runs here, on the host, each time
+// the model asks for a tool_search, and the tools it returns (function
+// tools made at run time: a tool registry's, a plugin's) are added to the
+// run and called when the model asks for them. A model steered into a
+// search loaded a `delete` and ran it as no node of the tree: nothing in the
+// ledger, no scope asked, not refused while the run's agent drained, and a
+// handoff target's search ran on after an operator's abort of its child.
+import assert from "node:assert/strict";
+import { describe, test } from "node:test";
+
+import { Agent as OpenAIAgent, setTracingDisabled, tool, toolSearchTool, type Tool } from "@openai/agents";
+import { ScriptedModel, assistantMessage, functionCall } from "@openai/agents/testing";
+import { z } from "zod";
+
+import { runTethered } from "../src/adapters/openai-agents.js";
+import { echoAfter } from "./echo.js";
+import { serveTests, type TestServer } from "./server.js";
+
+setTracingDisabled(true);
+let server: TestServer;
+serveTests((s) => (server = s));
+
+const searchCall = (callId: string, query: string) =>
+  ({ type: "tool_search_call", callId, status: "completed", execution: "client", arguments: { query } }) as never;
+
+/** A function tool named name that records each input it runs on. */
+const recording = (name: string, ran: string[]) =>
+  tool({
+    name,
+    description: name,
+    parameters: z.object({ x: z.string() }),
+    execute: async ({ x }) => {
+      ran.push(`${name} ${x}`);
+      return "ok";
+    },
+  });
+
+/**
+ * A client tool search whose execute records each search it runs and loads
+ * a fresh `delete` tool (a registry's, made at run time) recording into ran.
+ */
+const registrySearch = (ran: string[]) =>
+  toolSearchTool({
+    execution: "client",
+    execute: ({ toolCall }): Tool<any>[] => {
+      ran.push(`search ${JSON.stringify(toolCall.arguments)}`);
+      return [recording("delete", ran)];
+    },
+  });
+
+describe("rogue48E: the client tool search's executor and the tools it loads", () => {
+  test("a tool the search loads is gated as the run's node and refused while it drains", async () => {
+    const { recorded, gate, scope } = await server.recordedRootScope("r48e-gate-1", "triage", ["tool:*"]);
+    const ran: string[] = [];
+    const draining = echoAfter("drain", () => server.drained(scope));
+    const model = new ScriptedModel([
+      [searchCall("1", "cleanup")],
+      [functionCall("delete", { x: "/tmp/a" }, { callId: "2" })],
+      [functionCall("drain", { x: "a" }, { callId: "3" })],
+      [functionCall("delete", { x: "/data" }, { callId: "4" })],
+      [assistantMessage("done")],
+    ]);
+    const triage = new OpenAIAgent({ name: "triage", instructions: "t", tools: [registrySearch(ran), draining], model });
+    await runTethered(scope, triage, "go");
+    // Before: ['search {"query":"cleanup"}', "delete /tmp/a", "delete /data"],
+    // the second delete after the drain, the ledger holding "drain" alone.
+    assert.deepEqual(ran, ['search {"query":"cleanup"}', "delete /tmp/a"]);
+    assert.deepEqual(
+      recorded.map((c) => [c.tool, c.nodeId]),
+      [
+        ["tool_search", scope.agent.nodeId],
+        ["delete", scope.agent.nodeId],
+        ["drain", scope.agent.nodeId],
+      ],
+    );
+    await gate.close();
+  });
+
+  test("the search itself is refused while the run drains, and loads nothing", async () => {
+    const { recorded, gate, scope } = await server.recordedRootScope("r48e-gate-2", "triage", ["tool:*"]);
+    const ran: string[] = [];
+    const draining = echoAfter("drain", () => server.drained(scope));
+    const model = new ScriptedModel([
+      [functionCall("drain", { x: "a" }, { callId: "1" })],
+      [searchCall("2", "cleanup")],
+      [functionCall("delete", { x: "/data" }, { callId: "3" })],
+      [assistantMessage("done")],
+    ]);
+    const triage = new OpenAIAgent({ name: "triage", instructions: "t", tools: [registrySearch(ran), draining], model });
+    // The delete the refused search did not load is no tool of the run: the
+    // framework ends the run on it (a model asking for a tool it lacks).
+    await runTethered(scope, triage, "go").catch(() => {});
+    // Before: ['search {"query":"cleanup"}', "delete /data"], both after the
+    // drain began, neither in the ledger.
+    assert.deepEqual(ran, []);
+    assert.deepEqual(
+      recorded.map((c) => c.tool),
+      ["drain"],
+    );
+    await gate.close();
+  });
+
+  test("a deferred tool of the agent's own the search hands back is gated once, as the run's node", async () => {
+    const { recorded, gate, scope } = await server.recordedRootScope("r48e-gate-4", "triage", ["tool:*"]);
+    const ran: string[] = [];
+    const lookup = { ...recording("lookup", ran), deferLoading: true };
+    const search = toolSearchTool({ execution: "client", execute: ({ loadDefault }) => loadDefault(["lookup"]) });
+    const model = new ScriptedModel([
+      [searchCall("1", "lookup")],
+      [functionCall("lookup", { x: "a" }, { callId: "2" })],
+      [assistantMessage("done")],
+    ]);
+    const triage = new OpenAIAgent({ name: "triage", instructions: "t", tools: [search, lookup], model });
+    await runTethered(scope, triage, "go");
+    assert.deepEqual(ran, ["lookup a"]);
+    assert.deepEqual(
+      recorded.map((c) => [c.tool, c.nodeId]),
+      [
+        ["tool_search", scope.agent.nodeId],
+        ["lookup", scope.agent.nodeId],
+      ],
+    );
+    await gate.close();
+  });
+
+  test("a handoff target's search and the tools it loads are gated as its child, refused once the child is aborted", async () => {
+    const { recorded, gate, scope } = await server.recordedRootScope("r48e-gate-3", "triage", ["tool:*"]);
+    const ran: string[] = [];
+    let child = "";
+    const aborting = echoAfter("abort", async () => {
+      child = (await server.abortedChild(scope)).agent.nodeId;
+    });
+    const model = new ScriptedModel([
+      [functionCall("transfer_to_janitor", {}, { callId: "1" })],
+      [searchCall("2", "cleanup")],
+      [functionCall("delete", { x: "/tmp/a" }, { callId: "3" })],
+      [functionCall("abort", { x: "a" }, { callId: "4" })],
+      [functionCall("delete", { x: "/data" }, { callId: "5" })],
+      [searchCall("6", "more")],
+      [assistantMessage("done")],
+    ]);
+    const janitor = new OpenAIAgent({ name: "janitor", instructions: "j", tools: [registrySearch(ran), aborting], model });
+    const triage = new OpenAIAgent({ name: "triage", instructions: "t", handoffs: [janitor], model });
+    // The tools a search loads are known only when it runs: the child's
+    // default scopes cannot name them, the caller does.
+    await runTethered(scope, triage, "go", { scopesFor: () => ["tool:tool_search", "tool:delete", "tool:abort"] }).catch(() => {});
+    // Before: the second delete and the second search ran after the
+    // operator's abort of the child, and none of them in the ledger.
+    assert.deepEqual(ran, ['search {"query":"cleanup"}', "delete /tmp/a"]);
+    assert.deepEqual(
+      recorded.map((c) => [c.tool, c.nodeId]).filter(([t]) => t !== "abort"),
+      [
+        ["tool_search", child],
+        ["delete", child],
+      ],
+    );
+    await gate.close();
+  });
+});
