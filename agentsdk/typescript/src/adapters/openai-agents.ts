@@ -142,8 +142,8 @@ function gateLocalTool(scope: () => TetherScope, t: Tool<any>): Tool<any> | unde
  * Wraps a tool so that each call goes through the gate of the scope
  * current at call time: a function tool's calls, and the calls of a tool
  * that runs here without being one (a local shell, an apply_patch editor,
- * a computer); a hosted tool runs at the model provider and is returned as
- * it is.
+ * a computer), and a client tool search's searches and the tools they
+ * load; a hosted tool runs at the model provider and is returned as it is.
  */
 export function gateTool<T extends Tool<any>>(scope: () => TetherScope, t: T, options: TetherAgentOptions = {}): T {
   if (t.type === "hosted_tool" && getClientToolSearchExecutor(t)) return gatedToolSearch(scope, t, options) as T;
@@ -283,7 +283,8 @@ const gatesLocally = (t: Tool<any>) =>
 
 /**
  * `tool:<name>` for each function tool of agent (and each tool gated here
- * without being one: a local shell, an apply_patch editor, a computer),
+ * without being one: a local shell, an apply_patch editor, a computer, a
+ * client tool search, not the tools its searches load, known only then),
  * `mcp:<server>/*` for each of its MCP servers (whose tools are listed only
  * at run time: every tool the server lists is covered), and
  * of every agent it can
