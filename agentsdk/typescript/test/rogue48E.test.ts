@@ -8,14 +8,21 @@
 // search loaded a `delete` and ran it as no node of the tree: nothing in the
 // ledger, no scope asked, not refused while the run's agent drained, and a
 // handoff target's search ran on after an operator's abort of its child.
+// And a SandboxAgent's capability tools (below), made at run time too.
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
-import { Agent as OpenAIAgent, setTracingDisabled, tool, toolSearchTool, type Tool } from "@openai/agents";
+import { existsSync, mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+import { Agent as OpenAIAgent, run, setTracingDisabled, tool, toolSearchTool, type Tool } from "@openai/agents";
+import { SandboxAgent, shell } from "@openai/agents/sandbox";
+import { UnixLocalSandboxClient } from "@openai/agents/sandbox/local";
 import { ScriptedModel, assistantMessage, functionCall } from "@openai/agents/testing";
 import { z } from "zod";
 
-import { runTethered } from "../src/adapters/openai-agents.js";
+import { runTethered, tetherAgent } from "../src/adapters/openai-agents.js";
 import { echoAfter } from "./echo.js";
 import { serveTests, type TestServer } from "./server.js";
 
@@ -158,5 +165,46 @@ describe("rogue48E: the client tool search's executor and the tools it loads", (
       ],
     );
     await gate.close();
+  });
+});
+
+// A SandboxAgent's capabilities (shell, filesystem, skills, memory) give it
+// tools only at run time, bound to the run's sandbox session: the framework
+// adds capability.tools() to the agent's own. tetherAgent gated the agent's
+// own tools and kept its capabilities as they were, so a model steered into
+// the shell capability's exec_command ran commands (on the host, with the
+// framework's local sandbox) as no node of the tree, after the run's drain.
+describe("rogue48E: a sandbox agent's capability tools", () => {
+  test("a shell capability's exec_command is gated as the run's node and refused while it drains", async () => {
+    const { recorded, gate, scope } = await server.recordedRootScope("r48e-gate-5", "builder", ["tool:*"]);
+    const dir = mkdtempSync(join(tmpdir(), "r48e-sandbox-"));
+    try {
+      const draining = echoAfter("drain", () => server.drained(scope));
+      // yield_time_ms: the local sandbox waits for a command's exit up to
+      // this long on a timer it leaves running (10 s by default, holding the
+      // test process after its tests).
+      const model = new ScriptedModel([
+        [functionCall("exec_command", { cmd: `touch ${join(dir, "before")}`, login: false, yield_time_ms: 1000 }, { callId: "1" })],
+        [functionCall("drain", { x: "a" }, { callId: "2" })],
+        [functionCall("exec_command", { cmd: `touch ${join(dir, "after")}`, login: false, yield_time_ms: 1000 }, { callId: "3" })],
+        [assistantMessage("done")],
+      ]);
+      const builder = new SandboxAgent({ name: "builder", instructions: "b", tools: [draining], capabilities: [shell()], model });
+      const client = new UnixLocalSandboxClient({ workspaceBaseDir: dir });
+      await run(tetherAgent(scope, builder), "go", { signal: scope.signal, sandbox: { client } });
+      // Before: both files made, the second after the drain, the ledger
+      // holding "drain" alone.
+      assert.deepEqual([existsSync(join(dir, "before")), existsSync(join(dir, "after"))], [true, false]);
+      assert.deepEqual(
+        recorded.map((c) => [c.tool, c.nodeId]),
+        [
+          ["exec_command", scope.agent.nodeId],
+          ["drain", scope.agent.nodeId],
+        ],
+      );
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+      await gate.close();
+    }
   });
 });

@@ -277,6 +277,35 @@ function gatedMcpServer(scope: () => TetherScope, given: MCPServer): MCPServer {
   return gated;
 }
 
+/**
+ * A SandboxAgent's capability (`@openai/agents/sandbox`: shell, filesystem,
+ * skills, memory) whose tools, made when the framework binds it to the
+ * run's sandbox session (`clone()`, then `tools()`, at each run), are each
+ * gated as the agent's own are, as the node of scope. Until the
+ * forty-eighth pass the adapter gated a sandbox agent's own tools and kept
+ * its capabilities as they were: a model steered into the shell
+ * capability's `exec_command` ran commands (on the host, with the
+ * framework's local sandbox) as no node of the tree, recorded nowhere,
+ * needing no scope, not refused while the run drained (rogue48E test).
+ */
+function gatedCapability<C extends object>(scope: () => TetherScope, capability: C, options: TetherAgentOptions): C {
+  return new Proxy(capability, {
+    get(target, prop, receiver) {
+      const value = Reflect.get(target, prop, receiver);
+      if (typeof value !== "function") return value;
+      if (prop === "clone") return () => gatedCapability(scope, value.call(target), options);
+      if (prop === "tools") return () => (value.call(target) as Tool<any>[]).map((t) => gateTool(scope, t, options));
+      return value;
+    },
+  });
+}
+
+/** A SandboxAgent's capabilities (`@openai/agents/sandbox`), or undefined for an agent that has none. */
+const capabilitiesOf = (agent: OpenAIAgent<any, any>): object[] | undefined => {
+  const capabilities = (agent as { capabilities?: unknown }).capabilities;
+  return Array.isArray(capabilities) ? capabilities : undefined;
+};
+
 /** Whether t runs here, its calls gated, without being a function tool (a client tool search's execute among them). */
 const gatesLocally = (t: Tool<any>) =>
   t.type === "computer" || t.type === "apply_patch" || (t.type === "shell" && !!t.shell) || (t.type === "hosted_tool" && !!getClientToolSearchExecutor(t));
@@ -334,6 +363,8 @@ function wrap(scope: () => TetherScope, agent: OpenAIAgent<any, any>, options: T
   seen.set(agent, copy);
   copy.tools = agent.tools.map((t) => gateTool(scope, t, options));
   copy.mcpServers = agent.mcpServers.map((server) => gatedMcpServer(scope, server));
+  const capabilities = capabilitiesOf(agent);
+  if (capabilities) (copy as unknown as { capabilities: object[] }).capabilities = capabilities.map((c) => gatedCapability(scope, c, options));
   copy.handoffs = agent.handoffs.map((h) => {
     const original = h instanceof Handoff ? h : undefined;
     const target = h instanceof Handoff ? h.agent : h;
