@@ -133,6 +133,26 @@ describe("rogue48E: the client tool search's executor and the tools it loads", (
     await gate.close();
   });
 
+  test("a deferred tool of the agent's own the search returns as it was given is its gated copy", async () => {
+    const { recorded, gate, scope } = await server.recordedRootScope("r48e-gate-6", "triage", ["tool:*"]);
+    const ran: string[] = [];
+    const lookup = { ...recording("lookup", ran), deferLoading: true };
+    const search = toolSearchTool({ execution: "client", execute: () => [lookup] });
+    const model = new ScriptedModel([
+      [searchCall("1", "lookup")],
+      [functionCall("lookup", { x: "a" }, { callId: "2" })],
+      [assistantMessage("done")],
+    ]);
+    const triage = new OpenAIAgent({ name: "triage", instructions: "t", tools: [search, lookup], model });
+    await runTethered(scope, triage, "go");
+    assert.deepEqual(ran, ["lookup a"]);
+    assert.deepEqual(
+      recorded.map((c) => c.tool),
+      ["tool_search", "lookup"],
+    );
+    await gate.close();
+  });
+
   test("a handoff target's search and the tools it loads are gated as its child, refused once the child is aborted", async () => {
     const { recorded, gate, scope } = await server.recordedRootScope("r48e-gate-3", "triage", ["tool:*"]);
     const ran: string[] = [];

@@ -51,6 +51,8 @@ interface AgentToolSpec {
 const agentTools = new WeakMap<object, AgentToolSpec>();
 /** The tools gateTool made (an agent tool's among them: gated, and bound). */
 const gatedTools = new WeakSet<object>();
+/** The function tool each function tool gateTool made was made of. */
+const gatedFrom = new WeakMap<object, object>();
 
 /**
  * `agent.asTool(asTool)` for an agent run by {@link tetherAgent} (or
@@ -175,6 +177,7 @@ export function gateTool<T extends Tool<any>>(scope: () => TetherScope, t: T, op
     },
   };
   gatedTools.add(gated);
+  gatedFrom.set(gated, t);
   return gated as unknown as T;
 }
 
@@ -205,9 +208,12 @@ function gatedToolSearch(scope: () => TetherScope, t: HostedTool, options: Tethe
       throw err;
     }
     if (loaded === null || loaded === undefined) return loaded;
-    // A tool of the agent's own the search's loadDefault hands back (a
-    // deferred one) is gated already, as this node.
-    return (Array.isArray(loaded) ? loaded : [loaded]).map((l) => (gatedTools.has(l) ? l : gateTool(scope, l, options)));
+    // A tool of the agent's own the search hands back (a deferred one,
+    // from loadDefault, or the tool as the agent was given it) is the
+    // agent's gated copy, as this node: a second copy would be another
+    // tool of the same name, which the framework refuses.
+    const own = (l: Tool<any>) => (gatedTools.has(l) ? l : args.availableTools.find((a) => gatedFrom.get(a) === l));
+    return (Array.isArray(loaded) ? loaded : [loaded]).map((l) => own(l) ?? gateTool(scope, l, options));
   });
   gatedTools.add(gated);
   return gated;
