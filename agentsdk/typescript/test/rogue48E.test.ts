@@ -23,6 +23,7 @@ import { ScriptedModel, assistantMessage, functionCall } from "@openai/agents/te
 import { z } from "zod";
 
 import { runTethered, tetherAgent } from "../src/adapters/openai-agents.js";
+import { CallResolution } from "../src/index.js";
 import { echoAfter } from "./echo.js";
 import { serveTests, type TestServer } from "./server.js";
 
@@ -226,5 +227,46 @@ describe("rogue48E: a sandbox agent's capability tools", () => {
       rmSync(dir, { recursive: true, force: true });
       await gate.close();
     }
+  });
+});
+
+// gateTool ran the tool with the gate's signal in place of the framework's
+// (details.signal: the run's abort, the tool's own timeoutMs): a tool that
+// timed out was told nothing and ran on while the run went on without it,
+// the model told it had timed out, and the run ended (its children's exits
+// claimed) with the call still running, recorded completed afterwards.
+describe("rogue48E: the framework's signal reaches a gated tool", () => {
+  test("a gated tool hears its timeout, and the ledger records it failed, not completed after the run", async () => {
+    const { recorded, gate, scope } = await server.recordedRootScope("r48e-gate-7", "triage", ["tool:*"]);
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => (release = resolve));
+    let heard: boolean | undefined;
+    const slow = tool({
+      name: "slow",
+      description: "slow",
+      parameters: z.object({ x: z.string() }),
+      timeoutMs: 1,
+      execute: async (_input, _context, details) => {
+        const signal = details?.signal;
+        await Promise.race([released, new Promise<void>((resolve) => signal?.addEventListener("abort", () => resolve(), { once: true }))]);
+        heard = signal?.aborted ?? false;
+        if (signal?.aborted) throw signal.reason;
+        return "late";
+      },
+    });
+    const model = new ScriptedModel([[functionCall("slow", { x: "a" }, { callId: "1" })], [assistantMessage("done")]]);
+    const triage = new OpenAIAgent({ name: "triage", instructions: "t", tools: [slow], model });
+    await runTethered(scope, triage, "go");
+    // The run has ended (its tool timed out at 1 ms): the tool is let go
+    // now, and its call's end waited for.
+    release();
+    await gate.close();
+    // Before: false, the call recorded completed once released, after the
+    // run that had been told it timed out.
+    assert.equal(heard, true);
+    assert.deepEqual(
+      recorded.map((c) => [c.tool, c.resolution]),
+      [["slow", CallResolution.FAILED]],
+    );
   });
 });

@@ -164,9 +164,15 @@ export function gateTool<T extends Tool<any>>(scope: () => TetherScope, t: T, op
     ...fn,
     invoke: async (runContext, input, details) => {
       try {
-        // The tool sees the gate's signal: the control plane's cancel
-        // order for this call.
-        return await scope().call(fn.name, (signal) => fn.invoke(runContext, input, { ...details, signal }));
+        // The tool sees the gate's signal (the control plane's cancel
+        // order for this call, the node's abort) and the framework's (the
+        // run's abort, the tool's timeoutMs): with the gate's in place of
+        // the framework's, a tool that timed out was told nothing and ran
+        // on after the run, which the model was told it had timed out,
+        // had ended, recorded completed then (rogue48E test).
+        return await scope().call(fn.name, (signal) =>
+          fn.invoke(runContext, input, { ...details, signal: details?.signal ? AbortSignal.any([details.signal, signal]) : signal }),
+        );
       } catch (err) {
         if (isRefusedStopping(err) || isRefusedToken(err)) {
           const message = refusal(fn.name, err);
