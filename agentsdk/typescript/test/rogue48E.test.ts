@@ -22,6 +22,12 @@ import { UnixLocalSandboxClient } from "@openai/agents/sandbox/local";
 import { ScriptedModel, assistantMessage, functionCall } from "@openai/agents/testing";
 import { z } from "zod";
 
+import { AIMessage, HumanMessage } from "@langchain/core/messages";
+import { fakeModel } from "@langchain/core/testing";
+import { tool as langchainTool } from "@langchain/core/tools";
+import { createReactAgent } from "@langchain/langgraph/prebuilt";
+
+import { gateTools, invokeTethered } from "../src/adapters/langgraph.js";
 import { runTethered, tetherAgent } from "../src/adapters/openai-agents.js";
 import { CallResolution } from "../src/index.js";
 import { echoAfter } from "./echo.js";
@@ -263,6 +269,47 @@ describe("rogue48E: the framework's signal reaches a gated tool", () => {
     await gate.close();
     // Before: false, the call recorded completed once released, after the
     // run that had been told it timed out.
+    assert.equal(heard, true);
+    assert.deepEqual(
+      recorded.map((c) => [c.tool, c.resolution]),
+      [["slow", CallResolution.FAILED]],
+    );
+  });
+});
+
+// The LangGraph adapter's gateTools did the same: the tool ran with the
+// gate's signal alone, not the graph run's (a ToolNode's config.signal: the
+// caller's abort of invokeTethered, a step's timeout), and ran on after the
+// graph run was aborted, recorded completed once it returned.
+describe("rogue48E: the graph run's signal reaches a LangGraph gated tool", () => {
+  test("a gated tool hears the abort of the graph run it was called in", async () => {
+    const { recorded, gate, scope } = await server.recordedRootScope("r48e-gate-8", "planner", ["tool:*"]);
+    const stop = new AbortController();
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => (release = resolve));
+    let heard: boolean | undefined;
+    const slow = langchainTool(
+      async (_input: { x: string }, config) => {
+        const signal = config?.signal;
+        stop.abort(new Error("the host stopped the run"));
+        await Promise.race([released, new Promise<void>((resolve) => signal?.addEventListener("abort", () => resolve(), { once: true }))]);
+        heard = signal?.aborted ?? false;
+        if (signal?.aborted) throw signal.reason;
+        return "late";
+      },
+      { name: "slow", description: "slow", schema: z.object({ x: z.string() }) },
+    );
+    const llm = fakeModel()
+      .respond(new AIMessage({ id: "slow-call", content: "", tool_calls: [{ name: "slow", args: { x: "a" }, id: "slow-1", type: "tool_call" }] }))
+      .respond(new AIMessage({ id: "slow-answer", content: "done" }));
+    const planner = createReactAgent({ llm, tools: gateTools(scope, [slow]) });
+    await assert.rejects(invokeTethered(scope, planner, { messages: [new HumanMessage("go")] }, { signal: stop.signal }));
+    // The run was aborted: the tool is let go now, and its call's end
+    // waited for.
+    release();
+    await gate.close();
+    // Before: false, the call recorded completed once released, after the
+    // graph run's abort.
     assert.equal(heard, true);
     assert.deepEqual(
       recorded.map((c) => [c.tool, c.resolution]),

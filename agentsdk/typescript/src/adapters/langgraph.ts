@@ -26,16 +26,21 @@ const resolve = (s: ScopeRef) => (typeof s === "function" ? s() : s);
 
 /**
  * Wraps tools so that each call goes through scope's gate with scope's
- * capability token. The tool runs with the gate's signal in its config:
- * the control plane's cancel order for the call.
+ * capability token. The tool runs with the gate's signal in its config
+ * (the control plane's cancel order for the call, the node's abort) and
+ * the graph run's (the caller's abort, a step's timeout): with the gate's
+ * alone, a tool ran on after the graph run it was called in was aborted,
+ * recorded completed once it returned (rogue48E test).
  */
 export function gateTools(scope: ScopeRef, tools: StructuredToolInterface[], options: GateToolsOptions = {}) {
   const refusal = options.refusalMessage ?? defaultRefusal;
   return tools.map((t) =>
     langchainTool(
-      async (input: unknown) => {
+      async (input: unknown, config?: RunnableConfig) => {
         try {
-          return await resolve(scope).call(t.name, (signal) => t.invoke(input as never, { signal }));
+          return await resolve(scope).call(t.name, (signal) =>
+            t.invoke(input as never, { signal: config?.signal ? AbortSignal.any([config.signal, signal]) : signal }),
+          );
         } catch (err) {
           if (isRefusedStopping(err) || isRefusedToken(err)) {
             const message = refusal(t.name, err);
