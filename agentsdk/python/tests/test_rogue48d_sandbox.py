@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import require_extra
 
 require_extra("agents")
@@ -22,8 +24,9 @@ require_extra("agents")
 from agents import RunConfig, function_tool, set_tracing_disabled  # noqa: E402
 from agents import Agent as SDKAgent  # noqa: E402
 from agents.run_config import SandboxRunConfig  # noqa: E402
+from agents.sandbox.config import MemoryGenerateConfig  # noqa: E402
 from agents.sandbox import SandboxAgent  # noqa: E402
-from agents.sandbox.capabilities import Filesystem, Shell  # noqa: E402
+from agents.sandbox.capabilities import Filesystem, Memory, Shell  # noqa: E402
 from agents.sandbox.capabilities.tools import ExecCommandTool, SandboxApplyPatchTool  # noqa: E402
 from agents.sandbox.sandboxes.unix_local import UnixLocalSandboxClient  # noqa: E402
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
@@ -145,3 +148,40 @@ def test_rogue48d_a_handoff_targets_sandbox_tools_are_gated_as_its_child_and_ref
     # the host after the operator's abort of it.
     assert list(tmp_path.iterdir()) == []
     assert seen == [("apply_patch", "apply_patch", child.node_id)], seen
+
+
+
+def test_rogue48d_a_sandbox_agent_whose_memory_agents_would_run_the_shell_after_its_stop_is_refused(server, tree, gate, tmp_path):
+    @function_tool
+    def drain(x: str) -> str:
+        """Drains the run."""
+        terminate(tree.operator, tree.root.node_id, "drain")
+        assert tree.root.draining.wait(10)
+        return "drained"
+
+    model = ScriptedModel([
+        [function_call("drain", {"x": "a"}, call_id="c1")],
+        [function_call("exec_command", {"cmd": f"touch {tmp_path}/refused"}, call_id="c2")],
+        [assistant_message("done")],
+    ])
+    # The SDK's memory agents, run when the sandbox session stops: phase one
+    # reads the run's transcript (which the run's model wrote), phase two
+    # consolidates; sandbox agents of the SDK's own with its default
+    # capabilities, a shell among them.
+    remember = ScriptedModel([
+        [function_call("exec_command", {"cmd": f"touch {tmp_path}/phase-one"}, call_id="m1")],
+        [assistant_message("{}")],
+    ])
+    consolidate = ScriptedModel([[assistant_message("done")]])
+    tether = TetherAgents(tree.root, gate, token=tree.root_token, grant_id=tree.root_grant_id)
+    memory = Memory(generate=MemoryGenerateConfig(phase_one_model=remember, phase_two_model=consolidate))
+    box = SandboxAgent(name="box", model=model, tools=[drain], capabilities=[Shell(), Filesystem(), memory])
+    # Before: ["phase-one"]: the run's own command was refused after the
+    # drain, and the memory agent's ran on the host after it, as no node.
+    with pytest.raises(ValueError, match="Memory"):
+        tether.run_sync(tether.agent(box), "go", run_config=_on_the_host())
+    assert list(tmp_path.iterdir()) == []
+    # A memory that only reads runs as any sandbox agent does.
+    reader = SandboxAgent(name="reader", model=ScriptedModel([[assistant_message("done")]]),
+                          capabilities=[Shell(), Filesystem(), Memory(generate=None)])
+    tether.run_sync(tether.agent(reader), "go", run_config=_on_the_host())

@@ -59,7 +59,7 @@ from agents import RunResult, Runner, ShellTool, handoff as sdk_handoff
 from agents.exceptions import AgentsException
 from agents.mcp import MCPServer
 from agents.sandbox import SandboxAgent
-from agents.sandbox.capabilities import Capability
+from agents.sandbox.capabilities import Capability, Memory
 from agents.tool import CustomTool
 from pydantic import PrivateAttr
 
@@ -263,12 +263,25 @@ def _gating(cls: type) -> type:
     return made
 
 
-def _gated_capability(capability: Capability, tool: Any) -> Capability:
+def _gated_capability(capability: Capability, tool: Any, agent: str) -> Capability:
     """A sandbox agent's ``capability`` (a ``Shell``, a ``Filesystem``, any
     ``Capability``) whose tools, made at run time once the runner has bound
     the capability to its sandbox session, are each ``tool(t)``: gated as
     the node of the agent holding it. The same class (a subclass of the
-    capability's, made once), its fields and private state as they were."""
+    capability's, made once), its fields and private state as they were.
+
+    A ``Memory`` that generates memories is refused: when the sandbox
+    session stops (the run's end, its drain's or abort's included) the SDK
+    runs agents of its own, sandbox agents with its default capabilities (a
+    shell, an editor) whose model reads the run's transcript, which the
+    run's model wrote; no Tether node runs them and nothing can gate them.
+    Kept, a run drained for its commands had the memory agent run one on
+    the host after the drain (rogue48d test)."""
+    if isinstance(capability, Memory) and capability.generate is not None:
+        raise ValueError(
+            f"tether: sandbox agent {agent!r} has Memory(generate=...), whose memory agents run shell and file "
+            f"tools in the sandbox, steered by the run's transcript, as no node of the tree, after the run and "
+            f"its stop; give it Memory(generate=None) (reads only) and generate memories outside the tether")
     cls = _gating(getattr(type(capability), "_tether_base", type(capability)))
     made = capability.model_copy()
     object.__setattr__(made, "__class__", cls)
@@ -420,7 +433,7 @@ class TetherAgents:
             # Its capabilities' tools (a shell's exec_command, apply_patch)
             # are made at run time, bound to the sandbox session, after the
             # tools above were gated: each is gated as it is made.
-            overrides["capabilities"] = [_gated_capability(c, functools.partial(self._tool, node=node))
+            overrides["capabilities"] = [_gated_capability(c, functools.partial(self._tool, node=node), sdk_agent.name)
                                          for c in overrides.get("capabilities", sdk_agent.capabilities)]
         copy = sdk_agent.clone(tools=tools, handoffs=[], mcp_servers=servers, **overrides)
         copy._tether_node = node  # type: ignore[attr-defined]
