@@ -517,9 +517,20 @@ class TetherAgents:
         subtree = self.subtree
 
         async def on_invoke_handoff(ctx: Any, input_json: str) -> Any:
+            # The target an SDK handoff() names is spawned before the
+            # handoff's own invoke, which runs the application's on_handoff
+            # with the model's input: run first, a handoff taken after its
+            # taker's drain (or abort) ran it, the spawn refused only after
+            # (rogue48d test), where the TypeScript adapter spawns first.
+            ref = getattr(plain, "_agent_ref", None)
+            named = ref() if ref is not None else None
+            if named is not None:
+                target, node = self._taken(named, taker, spec)
+                await subtree.spawned(node)
             chosen = await invoke(ctx, input_json)
-            target, node = self._taken(chosen, taker, spec)
-            await subtree.spawned(node)
+            if chosen is not named:  # a Handoff of the application's own, its target known now
+                target, node = self._taken(chosen, taker, spec)
+                await subtree.spawned(node)
             return target
 
         made = dataclasses.replace(plain, on_invoke_handoff=on_invoke_handoff)
