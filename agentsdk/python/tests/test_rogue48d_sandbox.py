@@ -185,3 +185,22 @@ def test_rogue48d_a_sandbox_agent_whose_memory_agents_would_run_the_shell_after_
     reader = SandboxAgent(name="reader", model=ScriptedModel([[assistant_message("done")]]),
                           capabilities=[Shell(), Filesystem(), Memory(generate=None)])
     tether.run_sync(tether.agent(reader), "go", run_config=_on_the_host())
+
+
+def test_rogue48d_a_handoff_to_a_sandbox_agent_gives_its_child_the_scopes_of_its_capabilities_tools(server, tree, gate, tmp_path):
+    seen = []
+    model = ScriptedModel([
+        [function_call("transfer_to_box", {}, call_id="c1")],
+        [function_call("exec_command", {"cmd": f"touch {tmp_path}/ran"}, call_id="c2")],
+        [assistant_message("done")],
+    ])
+    tether = TetherAgents(tree.root, gate, token=tree.root_token, grant_id=tree.root_grant_id)
+    box = SandboxAgent(name="box", model=model, capabilities=[_watched_shell(seen), Filesystem()])
+    triage = SDKAgent(name="triage", model=model, handoffs=[box])
+    assert tether.run_sync(tether.agent(triage), "go", run_config=_on_the_host()).final_output == "done"
+    [(child, grant)] = tether.children
+    # Without them the box ran as the node that took the handoff (a target
+    # with no function tools), or, with one, as a child refused its shell.
+    assert {"tool:exec_command", "tool:write_stdin", "tool:view_image", "tool:apply_patch"} <= set(grant.scopes), grant.scopes
+    assert seen == [("exec_command", "exec_command", child.node_id)], seen
+    assert [p.name for p in tmp_path.iterdir()] == ["ran"]

@@ -59,7 +59,8 @@ from agents import RunResult, Runner, ShellTool, handoff as sdk_handoff
 from agents.exceptions import AgentsException
 from agents.mcp import MCPServer
 from agents.sandbox import SandboxAgent
-from agents.sandbox.capabilities import Capability, Memory
+from agents.sandbox.capabilities import Capability, Filesystem, Memory, Shell, Skills
+from agents.sandbox.capabilities.tools import ExecCommandTool, ViewImageTool, WriteStdinTool
 from agents.tool import CustomTool
 from pydantic import PrivateAttr
 
@@ -263,6 +264,21 @@ def _gating(cls: type) -> type:
     return made
 
 
+def _capability_tools(capability: Capability) -> list[str]:
+    """The names of the tools one of the SDK's sandbox capabilities makes
+    once bound to a session (before, it makes none: ``tools()`` raises), for
+    a child's default scopes. A capability of the application's own, or one
+    whose ``configure_tools`` renames its tools, is not known here: its
+    calls need scopes given (``handoff(scopes=...)``), refused otherwise."""
+    if isinstance(capability, Shell):
+        return [ExecCommandTool.tool_name, WriteStdinTool.tool_name]
+    if isinstance(capability, Filesystem):
+        return [ViewImageTool.tool_name, "apply_patch"]
+    if isinstance(capability, Skills) and capability.lazy_from is not None:
+        return ["load_skill"]
+    return []
+
+
 def _gated_capability(capability: Capability, tool: Any, agent: str) -> Capability:
     """A sandbox agent's ``capability`` (a ``Shell``, a ``Filesystem``, any
     ``Capability``) whose tools, made at run time once the runner has bound
@@ -365,7 +381,8 @@ def _gates_locally(t: Any) -> bool:
 def _reach(sdk_agent: SDKAgent) -> list[str]:
     """``tool:<name>`` for each function tool of ``sdk_agent`` (and
     ``mcp:<server>/*`` for each of its MCP servers, whose tools are listed
-    only at run time) and of every
+    only at run time, and ``tool:<name>`` for each tool a sandbox agent's
+    capabilities make at run time, ``_capability_tools``) and of every
     agent it can hand off to, and they in turn (a ``handoff()``'s scopes
     for its target; a clone Tether bound to a node runs as that node and
     needs none): what its child node delegates on to the children it
@@ -391,6 +408,9 @@ def _reach(sdk_agent: SDKAgent) -> list[str]:
         for server in a.mcp_servers:
             if mcp_scope(server.name) not in scopes:
                 scopes.append(mcp_scope(server.name))
+        if isinstance(a, SandboxAgent):
+            for c in a.capabilities:
+                scopes += [f"tool:{n}" for n in _capability_tools(c) if f"tool:{n}" not in scopes]
         for h in a.handoffs:
             spec = getattr(h, "_tether_spec", None)
             if spec is not None:
