@@ -70,3 +70,34 @@ def test_rogue48d_a_handoffs_on_handoff_does_not_run_once_the_agent_taking_it_dr
     # ran with the model's input after the drain began, its child's spawn
     # refused only after it.
     assert filed == ["before"], filed
+
+
+def test_rogue48d_a_child_spawned_for_a_handoff_its_on_handoff_refuses_leaves_no_node_unaccounted(server, tree, gate):
+    """The target is spawned before on_handoff runs; a handoff that
+    on_handoff refuses (it raises) leaves a child that never ran, ended as
+    one refused its grant is (rogue26 adapters test)."""
+
+    async def refuse(ctx, data: Escalation) -> None:
+        raise ValueError("no escalations today")
+
+    @function_tool
+    def page(who: str) -> str:
+        """Pages someone."""
+        raise AssertionError("a refused handoff's target must not run")
+
+    model = ScriptedModel([[function_call("transfer_to_oncall", {"reason": "r"}, call_id="c1")], [assistant_message("no")]])
+    tether = TetherAgents(tree.root, gate, token=tree.root_token, grant_id=tree.root_grant_id)
+    oncall = SDKAgent(name="oncall", model=model, tools=[page])
+    triage = tether.agent(SDKAgent(name="triage", model=model, handoffs=[handoff(oncall, on_handoff=refuse, input_type=Escalation)]))
+    with pytest.raises(Exception, match="no escalations today"):
+        tether.run_sync(triage, "go")
+    [(child, _)] = tether.children
+    term = terminate(tree.operator, tree.root.node_id, "drain", confirm="1s")
+    tree.root.confirm_exit("drained")
+    with tree.operator.stream("SupervisorService", "WatchTermination", {"terminationId": term["terminationId"]}, read_timeout=60) as watch:
+        for msg in watch:
+            if msg.get("termination", {}).get("state") == "TERMINATION_STATE_TERMINATED":
+                break
+    record = tree.operator.call("SupervisorService", "GetRecord", {"terminationId": term["terminationId"]})["record"]
+    outcomes = {n["nodeId"]: n.get("outcome") for n in record["nodes"]}
+    assert outcomes.get(child.node_id) == "NODE_OUTCOME_CONFIRMED", outcomes

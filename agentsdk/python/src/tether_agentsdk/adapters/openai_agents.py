@@ -66,7 +66,7 @@ from pydantic import PrivateAttr
 
 from ..agent import Aborted, Agent
 from ..toolgate import Token, ToolCallCancelled, ToolGate, ToolRefused
-from ._subtree import Node, Subtree
+from ._subtree import Node, Subtree, _end_unused
 
 __all__ = ["TetherAgents"]
 
@@ -547,7 +547,16 @@ class TetherAgents:
             if named is not None:
                 target, node = self._taken(named, taker, spec)
                 await subtree.spawned(node)
-            chosen = await invoke(ctx, input_json)
+            try:
+                chosen = await invoke(ctx, input_json)
+            except Exception:
+                # The handoff failed (its on_handoff refused it, the model's
+                # input did not parse): a child spawned for it never runs,
+                # and is ended as one refused its grant is, lest the next
+                # termination's record count it unaccounted.
+                if named is not None and node is not taker and getattr(named, "_tether_node", None) is None and node.child is not None:
+                    await subtree.gate._in_thread(functools.partial(_end_unused, node.child, subtree.agent.conn))
+                raise
             if chosen is not named:  # a Handoff of the application's own, its target known now
                 target, node = self._taken(chosen, taker, spec)
                 await subtree.spawned(node)
