@@ -8,7 +8,10 @@ agent's ``tools``. With a ``UnixLocalSandboxClient`` (the host, no
 confinement on Linux) a model steered into ``exec_command`` ran shell
 commands on the host as no node of the tree: nothing in the ledger, no
 scope asked, not refused while the run drained nor after an operator
-aborted the child the handoff to the sandbox agent spawned. Real
+aborted the child the handoff to the sandbox agent spawned. And a
+``Memory`` capability that generates memories has the SDK run agents of
+its own, with a shell, when the sandbox session stops (after the run's
+drain too), steered by the run's transcript: refused. Real
 ``UnixLocalSandboxClient`` sessions, real commands, a real tether."""
 
 from __future__ import annotations
