@@ -88,7 +88,9 @@ def test_rogue46b_a_drain_of_the_sub_agent_stops_the_agent_it_hands_off_to(serve
     holders = []
 
     def drain_the_writer(ctx) -> None:
-        [(writer, wgrant)] = tether.children
+        # The writer, spawned first (the editor, since the forty-eighth
+        # pass, spawned under it before this on_handoff runs).
+        writer, wgrant = tether.children[0]
 
         def holder():
             with tool_gate(gate, "draft", token=wgrant.token):

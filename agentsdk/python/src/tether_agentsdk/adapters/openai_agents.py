@@ -22,7 +22,11 @@
   model provider. Each tool call of an agent's MCP servers
   (``mcp_servers``) is one gated call of ``<server>/<tool>``, its grant
   checked against ``mcp:<server>/<tool>`` (``mcp_scope``); a child's
-  default scopes name each server, ``mcp:<server>/*``.
+  default scopes name each server, ``mcp:<server>/*``. A ``SandboxAgent``'s
+  capability tools (a ``Shell``'s ``exec_command``, a ``Filesystem``'s
+  ``apply_patch``), made at run time once its capabilities are bound to the
+  sandbox session, are gated as they are made, each call one call of the
+  tool's name as the agent's node.
 - Sub-agents: ``handoff()`` makes the target agent a child node, spawned
   when the handoff is taken under the node of the agent that took it,
   whose tools present a grant delegated from that node's with the given
@@ -42,6 +46,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import functools
 import inspect
@@ -53,11 +58,15 @@ from agents import ApplyPatchTool, AsyncComputer, ComputerProvider, ComputerTool
 from agents import RunResult, Runner, ShellTool, handoff as sdk_handoff
 from agents.exceptions import AgentsException
 from agents.mcp import MCPServer
+from agents.sandbox import SandboxAgent
+from agents.sandbox.capabilities import Capability, Filesystem, Memory, Shell, Skills
+from agents.sandbox.capabilities.tools import ExecCommandTool, ViewImageTool, WriteStdinTool
 from agents.tool import CustomTool
+from pydantic import PrivateAttr
 
 from ..agent import Aborted, Agent
 from ..toolgate import Token, ToolCallCancelled, ToolGate, ToolRefused
-from ._subtree import Node, Subtree
+from ._subtree import Node, Subtree, _end_unused
 
 __all__ = ["TetherAgents"]
 
@@ -98,7 +107,25 @@ def _gated(tool: FunctionTool, gate: ToolGate, node: Node) -> FunctionTool:
         # to its side effect (rogue45j test).
         return await asyncio.to_thread(run_on_its_thread, ctx, arguments)
 
-    return dataclasses.replace(tool, on_invoke_tool=on_invoke_sync_tool if _synchronous(tool) else on_invoke_tool)
+    return _with(tool, on_invoke_tool=on_invoke_sync_tool if _synchronous(tool) else on_invoke_tool)
+
+
+#: The SDK's tool classes, which ``dataclasses.replace`` rebuilds from
+#: their fields.
+_SDK_TOOLS = (FunctionTool, CustomTool, ShellTool, LocalShellTool, ApplyPatchTool, ComputerTool)
+
+
+def _with(t: Any, **changes: Any) -> Any:
+    """``t`` with ``changes``: ``dataclasses.replace`` for one of the SDK's
+    tool classes; for a subclass, whose own ``__init__`` may take other
+    arguments (a sandbox capability's ``ExecCommandTool(session=...)``,
+    ``SandboxApplyPatchTool``), a copy with the changes set."""
+    if type(t) in _SDK_TOOLS:
+        return dataclasses.replace(t, **changes)
+    made = copy.copy(t)
+    for name, value in changes.items():
+        setattr(made, name, value)
+    return made
 
 
 def _gated_run(fn: Any, gate: ToolGate, node: Node, name: str) -> Any:
@@ -198,20 +225,84 @@ def _gated_local(t: Any, gate: ToolGate, node: Node) -> Any:
     drained nor after an operator aborted the child that ran them (rogue47b
     tests), as the TypeScript adapter's ``gateTool`` left them too."""
     if isinstance(t, ShellTool):
-        return None if t.executor is None else dataclasses.replace(t, executor=_gated_run(t.executor, gate, node, t.name))
+        return None if t.executor is None else _with(t, executor=_gated_run(t.executor, gate, node, t.name))
     if isinstance(t, LocalShellTool):
-        return dataclasses.replace(t, executor=_gated_run(t.executor, gate, node, t.name))
+        return _with(t, executor=_gated_run(t.executor, gate, node, t.name))
     if isinstance(t, ApplyPatchTool):
         editor = t.editor
         gated = type("GatedEditor", (), {
             op: staticmethod(_gated_run(getattr(editor, op), gate, node, t.name))
             for op in ("create_file", "update_file", "delete_file")})()
-        return dataclasses.replace(t, editor=gated)
+        return _with(t, editor=gated)
     if isinstance(t, CustomTool):
-        return dataclasses.replace(t, on_invoke_tool=_gated_run(t.on_invoke_tool, gate, node, t.name))
+        return _with(t, on_invoke_tool=_gated_run(t.on_invoke_tool, gate, node, t.name))
     if isinstance(t, ComputerTool):
-        return dataclasses.replace(t, computer=_gated_computer(t.computer, gate, node, t.name))
+        return _with(t, computer=_gated_computer(t.computer, gate, node, t.name))
     return None
+
+
+#: A sandbox capability's class, made once for each capability class, whose
+#: ``tools()`` answers its tools as the node holding it calls them.
+_GATING_CAPABILITIES: dict[type, type] = {}
+
+
+def _gating(cls: type) -> type:
+    made = _GATING_CAPABILITIES.get(cls)
+    if made is None:
+        class Gating(cls):  # type: ignore[valid-type, misc]
+            # Set on each instance (kept by the runtime's per-run clone,
+            # model_copy, never copied deeper): ``node``'s ``_tool``.
+            _tether_tool: Any = PrivateAttr(default=None)
+
+            def tools(self) -> list[Any]:
+                tools = super().tools()
+                return tools if self._tether_tool is None else [self._tether_tool(t) for t in tools]
+
+        Gating.__name__ = Gating.__qualname__ = cls.__name__
+        Gating._tether_base = cls  # type: ignore[attr-defined]
+        _GATING_CAPABILITIES[cls] = made = Gating
+    return made
+
+
+def _capability_tools(capability: Capability) -> list[str]:
+    """The names of the tools one of the SDK's sandbox capabilities makes
+    once bound to a session (before, it makes none: ``tools()`` raises), for
+    a child's default scopes. A capability of the application's own, or one
+    whose ``configure_tools`` renames its tools, is not known here: its
+    calls need scopes given (``handoff(scopes=...)``), refused otherwise."""
+    if isinstance(capability, Shell):
+        return [ExecCommandTool.tool_name, WriteStdinTool.tool_name]
+    if isinstance(capability, Filesystem):
+        return [ViewImageTool.tool_name, "apply_patch"]
+    if isinstance(capability, Skills) and capability.lazy_from is not None:
+        return ["load_skill"]
+    return []
+
+
+def _gated_capability(capability: Capability, tool: Any, agent: str) -> Capability:
+    """A sandbox agent's ``capability`` (a ``Shell``, a ``Filesystem``, any
+    ``Capability``) whose tools, made at run time once the runner has bound
+    the capability to its sandbox session, are each ``tool(t)``: gated as
+    the node of the agent holding it. The same class (a subclass of the
+    capability's, made once), its fields and private state as they were.
+
+    A ``Memory`` that generates memories is refused: when the sandbox
+    session stops (the run's end, its drain's or abort's included) the SDK
+    runs agents of its own, sandbox agents with its default capabilities (a
+    shell, an editor) whose model reads the run's transcript, which the
+    run's model wrote; no Tether node runs them and nothing can gate them.
+    Kept, a run drained for its commands had the memory agent run one on
+    the host after the drain (rogue48d test)."""
+    if isinstance(capability, Memory) and capability.generate is not None:
+        raise ValueError(
+            f"tether: sandbox agent {agent!r} has Memory(generate=...), whose memory agents run shell and file "
+            f"tools in the sandbox, steered by the run's transcript, as no node of the tree, after the run and "
+            f"its stop; give it Memory(generate=None) (reads only) and generate memories outside the tether")
+    cls = _gating(getattr(type(capability), "_tether_base", type(capability)))
+    made = capability.model_copy()
+    object.__setattr__(made, "__class__", cls)
+    object.__setattr__(made, "__pydantic_private__", {**(made.__pydantic_private__ or {}), "_tether_tool": tool})
+    return made
 
 
 def mcp_scope(server: str, tool: str = "*") -> str:
@@ -290,7 +381,8 @@ def _gates_locally(t: Any) -> bool:
 def _reach(sdk_agent: SDKAgent) -> list[str]:
     """``tool:<name>`` for each function tool of ``sdk_agent`` (and
     ``mcp:<server>/*`` for each of its MCP servers, whose tools are listed
-    only at run time) and of every
+    only at run time, and ``tool:<name>`` for each tool a sandbox agent's
+    capabilities make at run time, ``_capability_tools``) and of every
     agent it can hand off to, and they in turn (a ``handoff()``'s scopes
     for its target; a clone Tether bound to a node runs as that node and
     needs none): what its child node delegates on to the children it
@@ -316,6 +408,9 @@ def _reach(sdk_agent: SDKAgent) -> list[str]:
         for server in a.mcp_servers:
             if mcp_scope(server.name) not in scopes:
                 scopes.append(mcp_scope(server.name))
+        if isinstance(a, SandboxAgent):
+            for c in a.capabilities:
+                scopes += [f"tool:{n}" for n in _capability_tools(c) if f"tool:{n}" not in scopes]
         for h in a.handoffs:
             spec = getattr(h, "_tether_spec", None)
             if spec is not None:
@@ -354,6 +449,12 @@ class TetherAgents:
         tools = [self._tool(t, node) for t in sdk_agent.tools]
         handoffs = overrides.pop("handoffs", sdk_agent.handoffs)
         servers = [_gated_mcp_server(s, self.subtree.gate, node) for s in overrides.pop("mcp_servers", sdk_agent.mcp_servers)]
+        if isinstance(sdk_agent, SandboxAgent):
+            # Its capabilities' tools (a shell's exec_command, apply_patch)
+            # are made at run time, bound to the sandbox session, after the
+            # tools above were gated: each is gated as it is made.
+            overrides["capabilities"] = [_gated_capability(c, functools.partial(self._tool, node=node), sdk_agent.name)
+                                         for c in overrides.get("capabilities", sdk_agent.capabilities)]
         copy = sdk_agent.clone(tools=tools, handoffs=[], mcp_servers=servers, **overrides)
         copy._tether_node = node  # type: ignore[attr-defined]
         copy.handoffs = [self._tethered_handoff(h, node) for h in handoffs]
@@ -395,7 +496,7 @@ class TetherAgents:
             await subtree.spawned(child)
             return await inner.as_tool(**as_tool_kwargs).on_invoke_tool(ctx, arguments)
 
-        return dataclasses.replace(t, on_invoke_tool=on_invoke_tool)
+        return _with(t, on_invoke_tool=on_invoke_tool)
 
     def _taken(self, chosen: SDKAgent, taker: Node, spec: tuple | None) -> tuple[SDKAgent, Node]:
         """The agent a handoff taken by ``taker`` runs: one Tether already
@@ -436,9 +537,29 @@ class TetherAgents:
         subtree = self.subtree
 
         async def on_invoke_handoff(ctx: Any, input_json: str) -> Any:
-            chosen = await invoke(ctx, input_json)
-            target, node = self._taken(chosen, taker, spec)
-            await subtree.spawned(node)
+            # The target an SDK handoff() names is spawned before the
+            # handoff's own invoke, which runs the application's on_handoff
+            # with the model's input: run first, a handoff taken after its
+            # taker's drain (or abort) ran it, the spawn refused only after
+            # (rogue48d test), where the TypeScript adapter spawns first.
+            ref = getattr(plain, "_agent_ref", None)
+            named = ref() if ref is not None else None
+            if named is not None:
+                target, node = self._taken(named, taker, spec)
+                await subtree.spawned(node)
+            try:
+                chosen = await invoke(ctx, input_json)
+            except Exception:
+                # The handoff failed (its on_handoff refused it, the model's
+                # input did not parse): a child spawned for it never runs,
+                # and is ended as one refused its grant is, lest the next
+                # termination's record count it unaccounted.
+                if named is not None and node is not taker and getattr(named, "_tether_node", None) is None and node.child is not None:
+                    await subtree.gate._in_thread(functools.partial(_end_unused, node.child, subtree.agent.conn))
+                raise
+            if chosen is not named:  # a Handoff of the application's own, its target known now
+                target, node = self._taken(chosen, taker, spec)
+                await subtree.spawned(node)
             return target
 
         made = dataclasses.replace(plain, on_invoke_handoff=on_invoke_handoff)
