@@ -756,6 +756,14 @@ func JudgeExitBeside(n *Node, inStopped func(nodeID string) bool, liveGrants []s
 		v.UnaccountedReason = "only an attestation by " + attestation.By + " (" + attestation.Kind + "), an agent's word: " + aliveAfterEnd(n)
 	case attestation != nil:
 		v.Confirmed, v.Settled = true, true
+		// The word that confirms is named: a launcher's whenever one
+		// attested, which nothing above weighs. Until the forty-eighth
+		// pass the first attestation was, and a rogue parent that vouched
+		// before the launcher was named the confirming party where its
+		// word alone left the node unaccounted (rogue48b test).
+		if launcher != nil {
+			attestation = launcher
+		}
 		v.ConfirmedBy, v.ConfirmedAt = attestation.By+" ("+attestation.Kind+")", attestation.At
 	case atWork(n, beside) != "":
 		v.UnaccountedReason = "only a claim by " + v.ClaimedBy + ": " + atWork(n, beside)
