@@ -691,8 +691,10 @@ type CallInFlight struct {
 // attested too: the ancestor holds the node's credential and its
 // descendants', and its word that the node exited, while a descendant or
 // a call of the node was at work, read confirmed until the thirty-second
-// pass. A launcher's attestation is not weighed against either: it
-// watched the process end, from outside.
+// pass; and, since the forty-eighth, against the node's own life after
+// its last end (SeenAfterSessionEnd), as a bare claim is. A launcher's
+// attestation is not weighed against any of them: it watched the process
+// end, from outside.
 func JudgeExitBeside(n *Node, inStopped func(nodeID string) bool, liveGrants []string, beside Beside) ExitVerdict {
 	var v ExitVerdict
 	var attestation, launcher *ExitConfirmation
@@ -739,8 +741,29 @@ func JudgeExitBeside(n *Node, inStopped func(nodeID string) bool, liveGrants []s
 		// thirty-second pass: it was taken whole). A launcher watched the
 		// process end, from outside.
 		v.UnaccountedReason = "only an attestation by " + attestation.By + " (" + attestation.Kind + "), an agent's word: " + atWork(n, beside)
+	case attestation != nil && launcher == nil && SeenAfterSessionEnd(n):
+		// Nor against the node's own life after its last end, any more
+		// than a bare claim is (below): the ancestor holds the node's
+		// credential, and its word that the node exited cannot say the
+		// process ended after what the control plane saw of it. Until the
+		// forty-eighth pass a rogue parent running outside the stop
+		// vouched for its stopped child, whose credential the control
+		// plane had seen at work after the child's last end, and the
+		// record read the child CONFIRMED on the parent's word (rogue48b
+		// test
+		// TestRogue48BAnAncestorsAttestationIsWeighedAgainstTheNodesOwnLifeAfterItsEnd),
+		// where its descendant seen so was weighed (ChildAlive).
+		v.UnaccountedReason = "only an attestation by " + attestation.By + " (" + attestation.Kind + "), an agent's word: " + aliveAfterEnd(n)
 	case attestation != nil:
 		v.Confirmed, v.Settled = true, true
+		// The word that confirms is named: a launcher's whenever one
+		// attested, which nothing above weighs. Until the forty-eighth
+		// pass the first attestation was, and a rogue parent that vouched
+		// before the launcher was named the confirming party where its
+		// word alone left the node unaccounted (rogue48b test).
+		if launcher != nil {
+			attestation = launcher
+		}
 		v.ConfirmedBy, v.ConfirmedAt = attestation.By+" ("+attestation.Kind+")", attestation.At
 	case atWork(n, beside) != "":
 		v.UnaccountedReason = "only a claim by " + v.ClaimedBy + ": " + atWork(n, beside)
@@ -752,11 +775,7 @@ func JudgeExitBeside(n *Node, inStopped func(nodeID string) bool, liveGrants []s
 		// the exit it claims later. After in the store's order, not by
 		// the times: on etcd two replicas with their own clocks may have
 		// written them.
-		v.UnaccountedReason = fmt.Sprintf("only a claim by %s: the control plane saw the node alive (last seen %s) after its session ended (%s), and never saw it end since",
-			v.ClaimedBy, n.LastSeenAt.UTC().Format(time.RFC3339), n.SessionClosedAt.UTC().Format(time.RFC3339))
-		if !n.LastSeenAt.After(n.SessionClosedAt) {
-			v.UnaccountedReason += " (each time by the clock of the replica that saw it)"
-		}
+		v.UnaccountedReason = "only a claim by " + v.ClaimedBy + ": " + aliveAfterEnd(n)
 	case !n.SessionClosedAt.IsZero():
 		// A bare claim, corroborated: the control plane saw the session
 		// end, nothing from the node after that end but the claim, and
@@ -770,6 +789,17 @@ func JudgeExitBeside(n *Node, inStopped func(nodeID string) bool, liveGrants []s
 		v.UnaccountedReason = "only a claim by " + v.ClaimedBy + ": the control plane never saw the node's session end"
 	}
 	return v
+}
+
+// aliveAfterEnd words why n's session's end does not witness its exit:
+// the control plane saw n alive after its last end (SeenAfterSessionEnd).
+func aliveAfterEnd(n *Node) string {
+	s := fmt.Sprintf("the control plane saw the node alive (last seen %s) after its session ended (%s), and never saw it end since",
+		n.LastSeenAt.UTC().Format(time.RFC3339), n.SessionClosedAt.UTC().Format(time.RFC3339))
+	if !n.LastSeenAt.After(n.SessionClosedAt) {
+		s += " (each time by the clock of the replica that saw it)"
+	}
+	return s
 }
 
 // WeighedBeside says whether a verdict of JudgeExit rests on a word that
