@@ -1,0 +1,133 @@
+package controlplane_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tetherhq/tether/controlplane/testserver"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// The forty-eighth hostile pass on the capability tree with several
+// replicas: a rogue whose credential (or operator token) is revoked on
+// replica A asks replica B, whose revocation feed follows etcd late (its
+// watch open, delivering nothing for a while), for new nodes, each with a
+// fresh credential of a line of its own that the revocation never named.
+
+// TestRogue48CRevokedCredentialSpawnsNoChildOnAReplicaWhoseFeedLags: the
+// rogue holding a worker's leaked credential talks to replica B. The
+// security team revokes the credential by value on A; before B's feed has
+// it, the rogue spawns a child under the worker on B, and a batch of two.
+// B spawned them, each with a credential of its own line: once B's feed
+// had caught up the leaked credential was refused everywhere, and the
+// children's credentials served on A and B, and were refreshed by their
+// sessions for as long as the worker ran: the revocation stopped nothing
+// the rogue cared about. A spawn now reads the caller's token's record in
+// its transaction (beside the parent's, one round trip on etcd): B
+// refuses both, unauthenticated.
+func TestRogue48CRevokedCredentialSpawnsNoChildOnAReplicaWhoseFeedLags(t *testing.T) {
+	a, b, lagB := feedStallingPair(t)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a guard against a hang, not a timing
+	defer cancel()
+	admin := a.AdminClients()
+	root := register(t, admin, "planner")
+	worker := spawn(t, a.Clients(root.Credential), root.Node.NodeId, "worker")
+	node, leaked := worker.Node.NodeId, worker.Credential
+	if err := whoAmI(b.Clients(leaked)); err != nil {
+		t.Fatalf("the worker's first call through B: %v", err)
+	}
+
+	resume := lagB.stall()
+	defer resume()
+	if _, err := admin.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{Token: leaked, Reason: "leaked in a build log"})); err != nil {
+		t.Fatalf("revoking the leaked credential by value on A: %v", err)
+	}
+	wantLimit(t, "a call with the revoked credential on A", whoAmI(a.Clients(leaked)), connect.CodeUnauthenticated, "revoked")
+
+	rogue := b.Clients(leaked)
+	var (
+		minted   []string
+		refusals []error
+	)
+	one, err := rogue.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: node, Name: "stowaway"}))
+	if err != nil {
+		refusals = append(refusals, err)
+	} else {
+		minted = append(minted, one.Msg.Credential)
+	}
+	batch, err := rogue.Agent.SpawnBatch(ctx, connect.NewRequest(&tetherv1.SpawnBatchRequest{ParentNodeId: node, Children: []*tetherv1.SpawnBatchChild{{Name: "stowaway-1"}, {Name: "stowaway-2"}}}))
+	if err != nil {
+		refusals = append(refusals, err)
+	} else {
+		for _, c := range batch.Msg.Spawned {
+			minted = append(minted, c.Credential)
+		}
+	}
+	t.Logf("on B, its feed behind, after A acknowledged the worker's credential's revocation: %d of 3 children spawned with credentials of their own", len(minted))
+	if len(minted) != 0 {
+		// What they are worth once B's feed has caught up.
+		resume()
+		testserver.WaitFor(t, 30*time.Second, "B's feed to hear the revocation", func() bool { return whoAmI(b.Clients(leaked)) != nil })
+		served := 0
+		for _, cred := range minted {
+			if whoAmI(a.Clients(cred)) == nil && whoAmI(b.Clients(cred)) == nil {
+				served++
+			}
+		}
+		t.Fatalf("B spawned %d of 3 children for a credential whose revocation A had acknowledged, %d of their credentials served on A and B once B's feed had caught up; want none spawned", len(minted), served)
+	}
+	for _, err := range refusals {
+		wantLimit(t, "a spawn asked of B with the revoked credential", err, connect.CodeUnauthenticated, "revoked")
+	}
+	// The worker's node was not stopped, only the credential revoked: an
+	// honest credential spawns under its own node still (the planner's,
+	// under the planner).
+	spawn(t, b.Clients(root.Credential), root.Node.NodeId, "honest")
+}
+
+// TestRogue48CRevokedOperatorTokenRegistersNoRootOnAReplicaWhoseFeedLags:
+// a rogue holding a leaked operator token talks to replica B. The
+// security team revokes it on A; before B's feed has it, the rogue
+// registers a root agent on B. B registered it, with a credential of its
+// own line: a tree the revocation never named, its credential served on A
+// and B once B's feed had caught up and refreshed by its session for as
+// long as it ran. RegisterRoot now reads the caller's token's record in
+// its transaction: B refuses, unauthenticated.
+func TestRogue48CRevokedOperatorTokenRegistersNoRootOnAReplicaWhoseFeedLags(t *testing.T) {
+	a, b, lagB := feedStallingPair(t)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a guard against a hang, not a timing
+	defer cancel()
+	adminA := a.AdminClients()
+	leaked, err := adminA.Auth.CreateToken(ctx, connect.NewRequest(&tetherv1.CreateTokenRequest{Subject: "launcher", Role: tetherv1.Role_ROLE_OPERATOR, Ttl: durationpb.New(time.Hour)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := whoAmI(b.Clients(leaked.Msg.Token)); err != nil {
+		t.Fatalf("the operator token's first call through B: %v", err)
+	}
+
+	resume := lagB.stall()
+	defer resume()
+	if _, err := adminA.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{TokenId: leaked.Msg.TokenId, Reason: "leaked in a build log"})); err != nil {
+		t.Fatal(err)
+	}
+	wantLimit(t, "a call with the revoked operator token on A", whoAmI(a.Clients(leaked.Msg.Token)), connect.CodeUnauthenticated, "revoked")
+
+	got, err := b.Clients(leaked.Msg.Token).Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "stowaway"}))
+	if err == nil {
+		resume()
+		testserver.WaitFor(t, 30*time.Second, "B's feed to hear the revocation", func() bool { return whoAmI(b.Clients(leaked.Msg.Token)) != nil })
+		cred := got.Msg.Credential
+		served := whoAmI(a.Clients(cred)) == nil && whoAmI(b.Clients(cred)) == nil
+		t.Fatalf("B registered root %s for an operator token whose revocation A had acknowledged, its credential served on A and B once B's feed had caught up: %v; want none registered", got.Msg.Node.NodeId, served)
+	}
+	wantLimit(t, "a root registered on B with the revoked operator token", err, connect.CodeUnauthenticated, "revoked")
+	// The admin's own token registers roots on B still.
+	register(t, b.AdminClients(), "honest")
+}
