@@ -100,8 +100,9 @@ func TestRogue48CRevokedCredentialSpawnsNoChildOnAReplicaWhoseFeedLags(t *testin
 // registers a root agent on B. B registered it, with a credential of its
 // own line: a tree the revocation never named, its credential served on A
 // and B once B's feed had caught up and refreshed by its session for as
-// long as it ran. RegisterRoot now reads the caller's token's record in
-// its transaction: B refuses, unauthenticated.
+// long as it ran; and it issued a running agent a root grant. RegisterRoot
+// and IssueRoot now read the caller's token's record in their
+// transactions: B refuses both, unauthenticated.
 func TestRogue48CRevokedOperatorTokenRegistersNoRootOnAReplicaWhoseFeedLags(t *testing.T) {
 	a, b, lagB := feedStallingPair(t)
 
@@ -115,6 +116,7 @@ func TestRogue48CRevokedOperatorTokenRegistersNoRootOnAReplicaWhoseFeedLags(t *t
 	if err := whoAmI(b.Clients(leaked.Msg.Token)); err != nil {
 		t.Fatalf("the operator token's first call through B: %v", err)
 	}
+	worker := register(t, adminA, "worker")
 
 	resume := lagB.stall()
 	defer resume()
@@ -132,17 +134,25 @@ func TestRogue48CRevokedOperatorTokenRegistersNoRootOnAReplicaWhoseFeedLags(t *t
 		t.Fatalf("B registered root %s for an operator token whose revocation A had acknowledged, its credential served on A and B once B's feed had caught up: %v; want none registered", got.Msg.Node.NodeId, served)
 	}
 	wantLimit(t, "a root registered on B with the revoked operator token", err, connect.CodeUnauthenticated, "revoked")
+	// Nor does it issue a root grant there to a running agent (a grant the
+	// revocation never named, refreshed by its holder).
+	issued, err := b.Clients(leaked.Msg.Token).Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: worker.Node.NodeId, Scopes: []string{"files:*"}, Ttl: durationpb.New(time.Hour)}))
+	if err == nil {
+		t.Fatalf("B issued root grant %s for an operator token whose revocation A had acknowledged; want none issued", issued.Msg.Grant.GrantId)
+	}
+	wantLimit(t, "a root grant issued on B with the revoked operator token", err, connect.CodeUnauthenticated, "revoked")
 	// The admin's own token registers roots on B still.
 	register(t, b.AdminClients(), "honest")
 }
 
 // TestRogue48CSpawnsCostOfTheCallersRecordOnEtcd measures what reading the
-// caller's token's record costs a spawn and a root's registration on
-// etcd, by the store's counters, over 20 of each: an agent's spawn (the
-// hot path) expects its credential's record absent, a comparison in its
-// commit and no read; an operator's spawn reads the record beside the
-// parent's keys, a range more in the same request; a root's registration
-// read nothing before, and reads the operator's record now.
+// caller's token's record costs a spawn, a root's registration and a
+// delegation on etcd, by the store's counters, over 20 of each: an
+// agent's spawn (the hot path) and delegation expect its credential's
+// record absent, a comparison in the commit and no read; an operator's
+// spawn reads the record beside the parent's keys, a range more in the
+// same request; a root's registration read nothing before, and reads the
+// operator's record now.
 func TestRogue48CSpawnsCostOfTheCallersRecordOnEtcd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("By design: -short skips the etcd servers; make test and CI run them.")
@@ -188,11 +198,18 @@ func TestRogue48CSpawnsCostOfTheCallersRecordOnEtcd(t *testing.T) {
 		_, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: fmt.Sprintf("root-%d", i+1)}))
 		return err
 	})
-	// Before the pass (the same measure): an agent's spawn 4.2 to 4.3 read
-	// requests, 5.25 to 5.3 ranges and 4 comparisons, an operator's 3, 4
-	// and 4.1, a root's registration none; after it, an agent's spawn a
-	// comparison more, an operator's a range and a comparison more (in
-	// the same request), a root's registration a request of one range. A separate read of the record (as mintableBy's)
+	planners := issueRoot(t, admin, root.Node.NodeId, time.Hour, "files:*")
+	child := spawn(t, agent, root.Node.NodeId, "delegate-holder")
+	agentDelegation := measure("an agent's delegation", func(int) error {
+		_, err := agent.Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: planners.grant.GrantId, HolderNodeId: child.Node.NodeId, Scopes: []string{"files:*"}}))
+		return err
+	})
+	// Before the pass (the same measure): an agent's spawn 4.2 to 4.45 read
+	// requests, 5.25 to 5.55 ranges and 4 comparisons, an operator's 3, 4
+	// and 4.1, a root's registration none, an agent's delegation 12, 13
+	// and 16.5; after it, an agent's spawn and delegation a comparison
+	// more, an operator's spawn a range and a comparison more (in the
+	// same request), a root's registration a request of one range. A separate read of the record (as mintableBy's)
 	// would be a request more each.
 	if agentSpawn.requests >= 4.8 || agentSpawn.ranges >= 5.8 {
 		t.Errorf("an agent's spawn took %.2f read requests and %.2f ranges; want no read more than before the pass (4.3 and 5.3): its credential's record is compared at the commit, not read", agentSpawn.requests, agentSpawn.ranges)
@@ -200,7 +217,58 @@ func TestRogue48CSpawnsCostOfTheCallersRecordOnEtcd(t *testing.T) {
 	if operatorSpawn.requests >= 3.5 {
 		t.Errorf("an operator's spawn took %.2f read requests; want no request more than before the pass (3): its token's record is read with the parent's keys", operatorSpawn.requests)
 	}
+	if agentDelegation.requests >= 12.5 {
+		t.Errorf("an agent's delegation took %.2f read requests; want no read more than before the pass (12): its credential's record is compared at the commit, not read", agentDelegation.requests)
+	}
 	if rootReg.requests > 1 {
 		t.Errorf("a root's registration took %.2f read requests; want 1 at most (its operator's token's record)", rootReg.requests)
 	}
+}
+
+// TestRogue48CRevokedCredentialDelegatesNoGrantOnAReplicaWhoseFeedLags:
+// the rogue holding a worker's leaked credential spawned a child of its
+// own before the theft was found (a credential of its own line, which
+// revoking the worker's by value does not reach: stop the node for that).
+// The security team revokes the worker's credential by value on A; before
+// B's feed has it, the rogue asks B to delegate the worker's grant to its
+// child. B delegated it: the child, which held no grant, held the
+// worker's authority once B's feed had caught up, refreshing its token
+// on A and B for as long as the grant lived. A delegation now reads the
+// caller's token's record in the grant's transaction: B refuses,
+// unauthenticated.
+func TestRogue48CRevokedCredentialDelegatesNoGrantOnAReplicaWhoseFeedLags(t *testing.T) {
+	a, b, lagB := feedStallingPair(t)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a guard against a hang, not a timing
+	defer cancel()
+	admin := a.AdminClients()
+	root := register(t, admin, "planner")
+	worker := spawn(t, a.Clients(root.Credential), root.Node.NodeId, "worker")
+	grant := issueRoot(t, admin, worker.Node.NodeId, time.Hour, "files:*")
+	leaked := worker.Credential
+	stowaway := spawn(t, b.Clients(leaked), worker.Node.NodeId, "stowaway")
+
+	resume := lagB.stall()
+	defer resume()
+	if _, err := admin.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{Token: leaked, Reason: "leaked in a build log"})); err != nil {
+		t.Fatalf("revoking the leaked credential by value on A: %v", err)
+	}
+	wantLimit(t, "a call with the revoked credential on A", whoAmI(a.Clients(leaked)), connect.CodeUnauthenticated, "revoked")
+
+	got, err := b.Clients(leaked).Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: grant.grant.GrantId, HolderNodeId: stowaway.Node.NodeId, Scopes: []string{"files:*"}}))
+	if err == nil {
+		resume()
+		testserver.WaitFor(t, 30*time.Second, "B's feed to hear the revocation", func() bool { return whoAmI(b.Clients(leaked)) != nil })
+		refreshed := 0
+		for _, srv := range []*testserver.Server{a, b} {
+			if _, err := srv.Clients(stowaway.Credential).Capability.Refresh(ctx, connect.NewRequest(&tetherv1.RefreshRequest{GrantId: got.Msg.Grant.GrantId})); err == nil {
+				refreshed++
+			}
+		}
+		t.Fatalf("B delegated the worker's grant to the rogue's child %s for a credential whose revocation A had acknowledged; once B's feed had caught up the child refreshed its token on %d of 2 replicas; want none delegated", stowaway.Node.NodeId, refreshed)
+	}
+	wantLimit(t, "a delegation asked of B with the revoked credential", err, connect.CodeUnauthenticated, "revoked")
+	// The planner's honest credential delegates on B still.
+	planners := issueRoot(t, admin, root.Node.NodeId, time.Hour, "files:*")
+	delegate(t, b.Clients(root.Credential), planners, worker.Node.NodeId, "files:*")
 }

@@ -172,8 +172,9 @@ type Caller struct {
 	Refuse     func(record []byte) error
 }
 
-// refused reads c's standing in tx and returns Refuse's answer.
-func (c Caller) refused(tx store.ReadTxn) error {
+// Refused reads c's standing in tx and returns Refuse's answer (nil
+// without a Standing).
+func (c Caller) Refused(tx store.ReadTxn) error {
 	if c.Standing == nil {
 		return nil
 	}
@@ -214,7 +215,7 @@ func (t *Tree) RegisterRootBy(ctx context.Context, name string, labels map[strin
 		Holds:     HoldsTracked,
 	}
 	err := t.Store.Update(ctx, func(tx store.Txn) error {
-		if err := by.refused(tx); err != nil {
+		if err := by.Refused(tx); err != nil {
 			return err
 		}
 		if err := putNode(tx, node); err != nil {
@@ -290,7 +291,7 @@ func (t *Tree) SpawnManyBy(ctx context.Context, parentID string, specs []ChildSp
 		if err := store.Prefetch(tx, keys, nil); err != nil {
 			return err
 		}
-		if err := by.refused(tx); err != nil {
+		if err := by.Refused(tx); err != nil {
 			return err
 		}
 		parent, err := getAuthorized(tx, parentID, authorize)
