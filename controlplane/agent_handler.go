@@ -149,7 +149,7 @@ func (a *agentService) RegisterRoot(ctx context.Context, req *connect.Request[te
 	if err != nil {
 		return nil, err
 	}
-	node, err := a.s.tree.RegisterRoot(ctx, req.Msg.Name, req.Msg.Labels, p.ID())
+	node, err := a.s.tree.RegisterRootBy(ctx, req.Msg.Name, req.Msg.Labels, asCaller(p))
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -165,7 +165,7 @@ func (a *agentService) Spawn(ctx context.Context, req *connect.Request[tetherv1.
 	if err != nil {
 		return nil, err
 	}
-	node, err := a.s.tree.Spawn(ctx, req.Msg.ParentNodeId, req.Msg.Name, req.Msg.Labels, p.ID(), spawnsUnderOwnNode(p))
+	node, err := a.s.tree.SpawnBy(ctx, req.Msg.ParentNodeId, req.Msg.Name, req.Msg.Labels, asCaller(p), spawnsUnderOwnNode(p))
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -225,7 +225,7 @@ func (a *agentService) SpawnBatch(ctx context.Context, req *connect.Request[teth
 		}
 		specs[i] = tree.ChildSpec{Name: c.Name, Labels: c.Labels}
 	}
-	nodes, err := a.s.tree.SpawnMany(ctx, req.Msg.ParentNodeId, specs, p.ID(), spawnsUnderOwnNode(p))
+	nodes, err := a.s.tree.SpawnManyBy(ctx, req.Msg.ParentNodeId, specs, asCaller(p), spawnsUnderOwnNode(p))
 	if err != nil {
 		return nil, toConnect(err)
 	}

@@ -47,6 +47,12 @@ func grantCaller(ctx context.Context) (grantstore.Caller, error) {
 		return grantstore.Caller{}, err
 	}
 	c := grantstore.Caller{Principal: p.ID()}
+	// A grant asked for by a token revoked on another replica, admitted
+	// here before this replica's feed delivers the revocation, is refused
+	// in the grant's transaction, as a spawn is (asCaller).
+	if standing := asCaller(p); standing.Standing != nil {
+		c.Standing = standing.Refused
+	}
 	switch {
 	case p.IsAgent():
 	case p.Role == auth.RoleAdmin:

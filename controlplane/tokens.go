@@ -17,6 +17,7 @@ import (
 	"github.com/tetherhq/tether/controlplane/auth"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // Minted tokens: every token the control plane mints for its own API
@@ -106,6 +107,49 @@ func (s *Server) tokenRecordRevoked(ctx context.Context, tokenID string) (revoke
 	return revoked, err
 }
 
+// asCaller is p as the tree's Caller of a spawn or a root's registration:
+// its token's record (when it has an id) is read in the transaction that
+// writes the node, and a revoked one is refused unauthenticated, as
+// mintableBy refuses a mint. An agent credential's record is written by
+// its revocation alone (Unrecorded): it is expected absent, a comparison
+// in the commit on etcd and no read; an operator's is read beside the
+// parent's keys of a spawn (the same round trip on etcd), and is a read
+// of its own for a root's registration, which read nothing before.
+// The call was admitted on this replica's tombstone set, which may not
+// hold yet a revocation another replica acknowledged: a node written then
+// came with a credential of its own line, which the revocation never
+// named, served on every replica and refreshed by its session for as long
+// as the node ran (rogue48c tests). Checked in the node's transaction, a
+// revocation committed between the read and the write makes the write
+// conflict, and it is read again.
+func asCaller(p auth.Principal) tree.Caller {
+	c := tree.Caller{ID: p.ID()}
+	if p.TokenID == "" {
+		return c
+	}
+	c.Standing, c.Unrecorded = tokenKey(p.TokenID), p.IsAgent()
+	c.Refuse = func(raw []byte) error {
+		if raw == nil {
+			return nil
+		}
+		info := &tetherv1.TokenInfo{}
+		if err := proto.Unmarshal(raw, info); err != nil {
+			return fmt.Errorf("controlplane: token record %s does not decode: %w", p.TokenID, err)
+		}
+		if info.RevokedAt != nil {
+			return errTokenRevoked(p.TokenID)
+		}
+		return nil
+	}
+	return c
+}
+
+// errTokenRevoked is the refusal of a call whose token's record says it
+// was revoked.
+func errTokenRevoked(tokenID string) error {
+	return connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("%w: token %s was revoked", auth.ErrRevoked, tokenID))
+}
+
 // refreshAgent mints the fresh credential a session or a heartbeat hands
 // out in place of p's, of its line (auth.Interceptor.RefreshAgent), now
 // being the caller's reading before this one, once the line's record says
@@ -143,7 +187,7 @@ func (s *Server) mintableBy(ctx context.Context, p auth.Principal) error {
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("auth: cannot check the token's revocation: %w", err))
 	}
 	if revoked {
-		return connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("%w: token %s was revoked", auth.ErrRevoked, p.TokenID))
+		return errTokenRevoked(p.TokenID)
 	}
 	return nil
 }

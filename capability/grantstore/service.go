@@ -198,6 +198,21 @@ type Caller struct {
 	// Roles are capability.RoleSecurity and capability.RoleAdmin when the
 	// operator holds them; other entries are ignored by the core.
 	Roles []string
+	// Standing, when set, is called in the transaction that writes a
+	// grant the caller asks for (IssueRoot, Delegate), which it refuses
+	// with Standing's error: the control plane reads there the caller's
+	// token's record (tree.Caller), which a revocation on another replica
+	// marks before this one's revocation feed may deliver it; a grant
+	// written in that delay outlived the revocation (rogue48c test).
+	Standing func(tx store.ReadTxn) error
+}
+
+// standing is c.Standing's answer in tx (nil when it is not set).
+func (c Caller) standing(tx store.ReadTxn) error {
+	if c.Standing == nil {
+		return nil
+	}
+	return c.Standing(tx)
 }
 
 // agentNode returns the caller's node id when the caller is an agent.
@@ -260,6 +275,9 @@ func (s *Service) IssueRoot(ctx context.Context, caller Caller, req RootRequest)
 		return Issued{}, err
 	}
 	err = s.cfg.Store.Update(ctx, func(tx store.Txn) error {
+		if err := caller.standing(tx); err != nil {
+			return err
+		}
 		if err := s.requireRunning(tx, req.HolderNodeID, "holder_node_id"); err != nil {
 			return err
 		}
@@ -383,6 +401,9 @@ func (s *Service) Delegate(ctx context.Context, caller Caller, req DelegateReque
 			stale = false
 			if changed, err := reads.changed(tx); err != nil || changed {
 				stale = true
+				return err
+			}
+			if err := caller.standing(tx); err != nil {
 				return err
 			}
 			// Nodes change for reasons that do not matter here (heartbeats),

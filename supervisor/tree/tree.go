@@ -147,8 +147,61 @@ func (t *Tree) ValidateNode(name string, labels map[string]string) error {
 	return nil
 }
 
+// Caller is who asks for a node (a spawn, a root's registration): its
+// id, kept as the node's CreatedBy, and, when Standing is set, the key of
+// the record of its standing, read in the transaction that writes the
+// node, which Refuse is given (nil for a key that holds nothing) and may
+// refuse on. The control plane sets it to the caller's token's record,
+// which a revocation marks in the transaction of its tombstone: a replica
+// whose revocation feed has not heard yet of a revocation another
+// acknowledged admits the token, and a node it wrote then, with a
+// credential of its own, outlived the revocation (rogue48c tests). Read
+// in the node's transaction, it serializes with the revocation: a write
+// that read it unrevoked conflicts with a revocation committed before the
+// write's commit, and is tried again.
+//
+// A standing whose record is written only to refuse (an agent
+// credential's, written by its revocation alone) is Unrecorded: it is
+// expected absent (store.Expect), which on etcd is a comparison in the
+// commit and no read, and read only when it is not. Otherwise a spawn
+// reads it beside the parent's keys (one round trip on etcd).
+type Caller struct {
+	ID         string
+	Standing   []byte
+	Unrecorded bool
+	Refuse     func(record []byte) error
+}
+
+// Refused reads c's standing in tx and returns Refuse's answer (nil
+// without a Standing).
+func (c Caller) Refused(tx store.ReadTxn) error {
+	if c.Standing == nil {
+		return nil
+	}
+	if c.Unrecorded {
+		absent, err := store.Expect(tx, c.Standing, nil)
+		if err != nil || absent {
+			return err
+		}
+	}
+	record, err := tx.Get(c.Standing)
+	if errors.Is(err, store.ErrNotFound) {
+		record, err = nil, nil
+	}
+	if err != nil {
+		return err
+	}
+	return c.Refuse(record)
+}
+
 // RegisterRoot registers a root node.
 func (t *Tree) RegisterRoot(ctx context.Context, name string, labels map[string]string, createdBy string) (*Node, error) {
+	return t.RegisterRootBy(ctx, name, labels, Caller{ID: createdBy})
+}
+
+// RegisterRootBy is RegisterRoot for a caller whose standing is read in
+// the transaction that writes the root (Caller).
+func (t *Tree) RegisterRootBy(ctx context.Context, name string, labels map[string]string, by Caller) (*Node, error) {
 	if err := t.ValidateNode(name, labels); err != nil {
 		return nil, err
 	}
@@ -158,10 +211,13 @@ func (t *Tree) RegisterRoot(ctx context.Context, name string, labels map[string]
 		Labels:    labels,
 		State:     NodeStateRunning,
 		CreatedAt: t.Clock.Now(),
-		CreatedBy: createdBy,
+		CreatedBy: by.ID,
 		Holds:     HoldsTracked,
 	}
 	err := t.Store.Update(ctx, func(tx store.Txn) error {
+		if err := by.Refused(tx); err != nil {
+			return err
+		}
 		if err := putNode(tx, node); err != nil {
 			return err
 		}
@@ -178,7 +234,13 @@ func (t *Tree) RegisterRoot(ctx context.Context, name string, labels map[string]
 // transaction). authorize is called inside the transaction with the parent,
 // so the caller's check and the write see the same state.
 func (t *Tree) Spawn(ctx context.Context, parentID, name string, labels map[string]string, createdBy string, authorize func(parent *Node) error) (*Node, error) {
-	nodes, err := t.SpawnMany(ctx, parentID, []ChildSpec{{Name: name, Labels: labels}}, createdBy, authorize)
+	return t.SpawnBy(ctx, parentID, name, labels, Caller{ID: createdBy}, authorize)
+}
+
+// SpawnBy is Spawn for a caller whose standing is read in the spawn's
+// transaction (Caller, SpawnManyBy).
+func (t *Tree) SpawnBy(ctx context.Context, parentID, name string, labels map[string]string, by Caller, authorize func(parent *Node) error) (*Node, error) {
+	nodes, err := t.SpawnManyBy(ctx, parentID, []ChildSpec{{Name: name, Labels: labels}}, by, authorize)
 	if err != nil {
 		return nil, err
 	}
@@ -196,6 +258,13 @@ type ChildSpec struct {
 // parent running and authorize called with it inside the transaction,
 // and the depth and fan-out limits counting every child of the call.
 func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec, createdBy string, authorize func(parent *Node) error) ([]*Node, error) {
+	return t.SpawnManyBy(ctx, parentID, specs, Caller{ID: createdBy}, authorize)
+}
+
+// SpawnManyBy is SpawnMany for a caller whose standing is read in the
+// spawn's transaction, before the parent, and prefetched with it
+// (Caller).
+func (t *Tree) SpawnManyBy(ctx context.Context, parentID string, specs []ChildSpec, by Caller, authorize func(parent *Node) error) ([]*Node, error) {
 	if err := id.Check(id.Node, "parent_node_id", parentID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
@@ -213,8 +282,16 @@ func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec
 	var out []*Node
 	err := t.Store.Update(ctx, func(tx store.Txn) error {
 		out = out[:0]
-		// One round trip on etcd for the two reads.
-		if err := store.Prefetch(tx, [][]byte{nodeKey(parentID), childCountKey(parentID)}, nil); err != nil {
+		// One round trip on etcd for the two reads (three with the
+		// caller's standing, when it is read: Caller).
+		keys := [][]byte{nodeKey(parentID), childCountKey(parentID)}
+		if by.Standing != nil && !by.Unrecorded {
+			keys = append(keys, by.Standing)
+		}
+		if err := store.Prefetch(tx, keys, nil); err != nil {
+			return err
+		}
+		if err := by.Refused(tx); err != nil {
 			return err
 		}
 		parent, err := getAuthorized(tx, parentID, authorize)
@@ -266,7 +343,7 @@ func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec
 				Labels:       c.Labels,
 				State:        NodeStateRunning,
 				CreatedAt:    now,
-				CreatedBy:    createdBy,
+				CreatedBy:    by.ID,
 				Holds:        HoldsTracked,
 			}
 			if err := putNode(tx, child); err != nil {
