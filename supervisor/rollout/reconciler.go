@@ -425,7 +425,10 @@ func (rs *Rollouts) Reconcile(ctx context.Context, rolloutID string) (time.Time,
 			rs.track(r)
 			return time.Time{}, nil
 		case ActRolloutWait:
-			if facts.Remaining != r.Remaining || facts.ReadyTarget != r.ReadyTarget {
+			// A wait for replacements with no batch running is noted (its
+			// start bounds it: Rollout.WaitingSince), and cleared when it
+			// ends.
+			if facts.Remaining != r.Remaining || facts.ReadyTarget != r.ReadyTarget || step.Waiting == r.WaitingSince.IsZero() {
 				if err := rs.save(ctx, r, step, out, facts, now); err != nil {
 					return time.Time{}, err
 				}
