@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -109,4 +111,96 @@ func TestRogue48AAReplacementThatLeavesAfterItsBatchDoesNotStallTheRolloutSilent
 		clk.Advance(time.Second)
 		return getRollout(t, admin, r.RolloutId).State == tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED
 	})
+}
+
+// TestRogue48AAHandoverStaysWithinTheBoundPerHolder: a rogue worker a
+// rollout drains fills its share before its batch: it offers 4 jobs to
+// each of its two children (never acknowledged: open all the same) and
+// holds 4 of its own, with the bound per holder at 4. The handover
+// reassigned them through the lease module unbounded: all 12 went to the
+// one replacement its parent spawned, past the bound an operator's own
+// Reassign is held to, the rollout completed counting 12, and the
+// replacement's coordinator was then refused any offer to it. Now the
+// replacement is handed 4; the batch waits for room for the other 8 and
+// pauses at its deadline saying so; two more replacements take them and
+// the rollout completes, none of them past the bound.
+func TestRogue48AAHandoverStaysWithinTheBoundPerHolder(t *testing.T) {
+	ctx := context.Background()
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.LeaseMaxOpenPerHolder = 4 })
+	admin := srv.AdminClients()
+	planner := registerLabelled(t, admin, "planner", map[string]string{"role": "planner"})
+	pc := srv.Clients(planner.Credential)
+	rogue := spawnLabelled(t, pc, planner.Node.NodeId, "worker", map[string]string{"version": "v1"})
+	rc := srv.Clients(rogue.Credential)
+	var jobs []string
+	offer := func(c *testserver.Clients, holder string) {
+		job := fmt.Sprintf("junk-%02d", len(jobs))
+		if _, err := c.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: holder, LeaseDuration: durationpb.New(10 * time.Minute)})); err != nil {
+			t.Fatalf("offer %s to %s: %v", job, holder, err)
+		}
+		jobs = append(jobs, job)
+	}
+	for range 4 {
+		offer(pc, rogue.Node.NodeId)
+	}
+	for _, name := range []string{"c1", "c2"} {
+		child := spawnLabelled(t, rc, rogue.Node.NodeId, name, map[string]string{"kind": "helper"})
+		for range 4 {
+			offer(rc, child.Node.NodeId)
+		}
+	}
+	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: 1,
+		DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Second), BatchDeadline: durationpb.New(time.Hour)})
+	r = waitRollout(t, srv, r.RolloutId, "to start a batch", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 1 })
+	testserver.WaitFor(t, 20*time.Second, "the batch's termination to finish", func() bool {
+		clk.Advance(2 * time.Second)
+		return getTermination(t, admin, r.Batches[0].TerminationId).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+	})
+	replacement := func(c *testserver.Clients, name string) string {
+		n := spawnLabelled(t, c, planner.Node.NodeId, name, map[string]string{"version": "v2"})
+		reportReady(t, srv.Clients(n.Credential), n.Node.NodeId)
+		return n.Node.NodeId
+	}
+	held := func() map[string]int {
+		out := map[string]int{}
+		for _, job := range jobs {
+			out[operatorLease(t, admin, job).HolderIdentity]++
+		}
+		return out
+	}
+	first := replacement(pc, "worker-v2")
+	r = waitRollout(t, srv, r.RolloutId, "to hand over what the replacement has room for", func(r *tetherv1.Rollout) bool {
+		return r.Batches[0].LeasesHandedOver > 0 || r.State != tetherv1.RolloutState_ROLLOUT_STATE_RUNNING
+	})
+	if got := held()[first]; got != 4 || r.Batches[0].LeasesHandedOver != 4 || r.Batches[0].State == tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_DONE {
+		t.Fatalf("the replacement holds %d of the rogue's 12 jobs (%d handed over, batch %s, rollout %s %q), want 4 (the bound per holder) and the batch waiting",
+			got, r.Batches[0].LeasesHandedOver, r.Batches[0].State, r.State, r.Reason)
+	}
+	clk.Advance(time.Hour)
+	r = waitRollout(t, srv, r.RolloutId, "to pause at the batch's deadline", func(r *tetherv1.Rollout) bool {
+		return r.State == tetherv1.RolloutState_ROLLOUT_STATE_PAUSED
+	})
+	if want := "8 leases wait for room"; !strings.Contains(r.Reason, want) {
+		t.Fatalf("pause reason %q, want it to say %q", r.Reason, want)
+	}
+	// The operator spawns two more (the planner's credential has expired).
+	more := []string{replacement(admin, "worker-v2b"), replacement(admin, "worker-v2c")}
+	if _, err := admin.Supervisor.ResumeRollout(ctx, connect.NewRequest(&tetherv1.ResumeRolloutRequest{RolloutId: r.RolloutId})); err != nil {
+		t.Fatal(err)
+	}
+	testserver.WaitFor(t, 20*time.Second, "the rollout to complete", func() bool {
+		clk.Advance(time.Second)
+		r = getRollout(t, admin, r.RolloutId)
+		return r.State == tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED
+	})
+	h := held()
+	for _, n := range append([]string{first}, more...) {
+		if h[n] != 4 {
+			t.Errorf("replacement %s holds %d of the rogue's jobs, want 4", n, h[n])
+		}
+	}
+	if r.Counts.LeasesHandedOver != 12 {
+		t.Fatalf("the rollout counts %d leases handed over, want 12", r.Counts.LeasesHandedOver)
+	}
 }

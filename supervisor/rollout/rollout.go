@@ -273,7 +273,8 @@ type BatchFacts struct {
 	Terminated bool
 	RecordID   string
 	// OpenLeases: open leases held by the batch's members that can be
-	// handed over (not terminal, no cancel request, no ownership conflict).
+	// handed over (not terminal, no cancel request, no ownership conflict)
+	// to a ready replacement with room for them (FullLeases).
 	OpenLeases int
 	// ConflictedLeases: open leases held by the batch's members with an
 	// unresolved ownership conflict. They cannot be handed over, and the
@@ -289,6 +290,11 @@ type BatchFacts struct {
 	// a job is never handed to an agent outside its lineage that merely
 	// labelled itself a replacement.
 	WaitingLeases int
+	// FullLeases: open leases held by the batch's members that a ready
+	// replacement may take, but none of those has room for (each holds as
+	// many open leases as one agent may). The batch is not done while any
+	// is left, and at its deadline the rollout pauses saying so.
+	FullLeases int
 }
 
 // RolloutFacts is the control plane's view, read from stored state by the
@@ -416,7 +422,7 @@ func NextRollout(r Rollout, f RolloutFacts, now time.Time) RolloutStep {
 			return RolloutStep{Action: ActRolloutNoteReplaced, Batch: b.Index}
 		case !b.ReplacedAt.IsZero() && bf.Marked && (!b.HandedOver || bf.OpenLeases > 0 || len(r.reassigning(b.Index)) > 0):
 			return RolloutStep{Action: ActRolloutHandOver, Batch: b.Index}
-		case !b.TerminatedAt.IsZero() && !b.ReplacedAt.IsZero() && b.HandedOver && bf.OpenLeases == 0 && bf.ConflictedLeases == 0 && bf.WaitingLeases == 0:
+		case !b.TerminatedAt.IsZero() && !b.ReplacedAt.IsZero() && b.HandedOver && bf.OpenLeases == 0 && bf.ConflictedLeases == 0 && bf.WaitingLeases == 0 && bf.FullLeases == 0:
 			return RolloutStep{Action: ActRolloutCompleteBatch, Batch: b.Index}
 		}
 		if b.TerminatedAt.IsZero() {
@@ -490,6 +496,9 @@ func missedDeadline(r Rollout, b RolloutBatch, f RolloutFacts, replacements int)
 	}
 	if w := f.Batches[b.Index].WaitingLeases; w > 0 {
 		waiting = append(waiting, fmt.Sprintf("%d leases wait for a ready replacement spawned by an ancestor of their holder or by an operator, or in a tree registered with labels %q", w, r.TargetSelector))
+	}
+	if full := f.Batches[b.Index].FullLeases; full > 0 {
+		waiting = append(waiting, fmt.Sprintf("%d leases wait for room: every ready replacement that may take them holds as many open leases as one agent may", full))
 	}
 	if conflicted := f.Batches[b.Index].ConflictedLeases; conflicted > 0 {
 		waiting = append(waiting, fmt.Sprintf("%d leases have an unresolved ownership conflict and cannot be handed over; resolve them (lease reassign or resolve)", conflicted))
