@@ -116,9 +116,18 @@ func (h leaseHandover) Reassign(ctx context.Context, l supervisor.HandoverLease,
 	if duration == 0 {
 		duration = policy.DefaultLeaseDuration
 	}
-	res, err := h.leases.ApplyIf(ctx, lease.Reassign{
+	// Within the bound per holder, as an operator's Reassign is: until
+	// the forty-eighth hostile pass the handover was unbounded, and a
+	// rogue drained agent that filled its lineage with offers to itself
+	// and its children, never acknowledged, had every one handed to a
+	// replacement, which was then refused its coordinator's next offer.
+	// The lease counts in no lineage's share, as before.
+	res, err := h.leases.ApplyHolderBounded(ctx, lease.Reassign{
 		JobID: l.JobID, LeaseID: leaseID, HolderIdentity: holder, LeaseDuration: duration, Reason: reason,
-	}, guard)
+	}, guard, "")
+	if errors.Is(err, coordinator.ErrLimit) {
+		return 0, fmt.Errorf("%w: %v", supervisor.ErrHandoverFull, err)
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -127,6 +136,8 @@ func (h leaseHandover) Reassign(ctx context.Context, l supervisor.HandoverLease,
 	}
 	return res.Lease.Generation, nil
 }
+
+func (h leaseHandover) Room(holder string) (int, bool) { return h.leases.HolderRoom(holder) }
 
 // reassignedPage is how many evidence rows Reassigned reads a page.
 const reassignedPage = 64

@@ -19,6 +19,11 @@ import (
 // cancel request or an ownership conflict came first).
 var ErrHandoverRefused = errors.New("supervisor: lease handover refused")
 
+// ErrHandoverFull: the replacement already holds as many open leases as
+// one agent may (the bound per holder); nothing was judged. Another
+// replacement may take the lease, or this one once it has room.
+var ErrHandoverFull = errors.New("supervisor: lease handover: the replacement holds as many open leases as one agent may")
+
 // HandoverLease is a lease a rollout batch's agent holds.
 type HandoverLease struct {
 	JobID, LeaseID, Holder string
@@ -43,8 +48,9 @@ type LeaseHandover interface {
 	Open(ctx context.Context, holders []string) (open, stuck []HandoverLease, err error)
 	// Reassign issues generation + 1 of l's job to holder, provided the
 	// job is still at l's generation with l's holder (else it reports the
-	// lease module's precondition error and changes nothing). A refusal is
-	// ErrHandoverRefused.
+	// lease module's precondition error and changes nothing), within the
+	// bound on the open leases one holder may hold (else ErrHandoverFull,
+	// and nothing changes). A refusal is ErrHandoverRefused.
 	// leaseID is the new generation's lease id, chosen by the caller (and
 	// written down before the call: see Reassigned).
 	Reassign(ctx context.Context, l HandoverLease, holder, leaseID, reason string) (generation uint64, err error)
@@ -53,6 +59,9 @@ type LeaseHandover interface {
 	// p.LeaseID. It is read from the lease and its evidence, so a
 	// reassignment made before a crash is told from one never made.
 	Reassigned(ctx context.Context, p PendingHandover) (bool, error)
+	// Room is how many more open leases holder may be handed within the
+	// bound per holder (bounded false: no bound).
+	Room(holder string) (room int, bounded bool)
 }
 
 // PendingHandover is a reassignment a rollout's handover pass is about to

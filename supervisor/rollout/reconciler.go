@@ -425,7 +425,10 @@ func (rs *Rollouts) Reconcile(ctx context.Context, rolloutID string) (time.Time,
 			rs.track(r)
 			return time.Time{}, nil
 		case ActRolloutWait:
-			if facts.Remaining != r.Remaining || facts.ReadyTarget != r.ReadyTarget {
+			// A wait for replacements with no batch running is noted (its
+			// start bounds it: Rollout.WaitingSince), and cleared when it
+			// ends.
+			if facts.Remaining != r.Remaining || facts.ReadyTarget != r.ReadyTarget || step.Waiting == r.WaitingSince.IsZero() {
 				if err := rs.save(ctx, r, step, out, facts, now); err != nil {
 					return time.Time{}, err
 				}
@@ -574,7 +577,9 @@ func orDefault(d, def time.Duration) time.Duration {
 }
 
 // handOver reassigns every open lease held by the batch's members to the
-// ready replacements, round robin, each with generation + 1. The old
+// ready replacements, round robin, each with generation + 1 and within the
+// bound per holder (a replacement without room is skipped; a lease none
+// has room for waits: BatchFacts.FullLeases). The old
 // generation is fenced off from that moment: its late renewals and
 // progress are recorded by the lease module as stale.
 func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, targets []replacement) (RolloutOutcome, error) {
@@ -643,14 +648,29 @@ func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, t
 		// handed over. Each is checked again before it is given a job;
 		// one that no longer stands is given none this pass (the lease
 		// waits for one that does).
-		to, err := rs.standingTaker(ctx, may, offset+i, gone)
-		if err != nil {
+		var to string
+		var gen uint64
+		for {
+			if to, err = rs.standingTaker(ctx, may, offset+i, gone); err != nil || to == "" {
+				break
+			}
+			gen, err = rs.Handover.Reassign(ctx, l, to, pending[l.JobID].LeaseID, reason)
+			if !errors.Is(err, supervisor.ErrHandoverFull) {
+				break
+			}
+			// Full: it is handed nothing more this pass; the lease goes
+			// to another that may take it, or waits (FullLeases).
+			gone[to] = true
+		}
+		if errors.Is(err, supervisor.ErrHandoverFull) {
+			err = nil
+		}
+		if err != nil && to == "" {
 			return out, err
 		}
 		if to == "" {
 			continue
 		}
-		gen, err := rs.Handover.Reassign(ctx, l, to, pending[l.JobID].LeaseID, reason)
 		switch {
 		case errors.Is(err, supervisor.ErrHandoverRefused):
 			out.NotHandedOver = append(out.NotHandedOver, l.JobID+": "+err.Error())
@@ -740,6 +760,39 @@ func (rs *Rollouts) standingTaker(ctx context.Context, may []string, start int, 
 		rs.Log.Warn("rollout replacement no longer stands; it is handed no job", "node_id", to)
 	}
 	return "", nil
+}
+
+// room is what observe counts of the replacements' room for open leases
+// (LeaseHandover.Room), read once per replacement and taken as leases are
+// counted against it.
+type room struct {
+	read func(string) (int, bool)
+	left map[string]int // -1: no bound
+}
+
+func (rs *Rollouts) roomOf() *room { return &room{read: rs.Handover.Room, left: map[string]int{}} }
+
+// take returns the first of may with room for one more lease, and takes
+// that place; "" when none has room.
+func (r *room) take(may []string) string {
+	for _, to := range may {
+		n, ok := r.left[to]
+		if !ok {
+			n, ok = r.read(to)
+			if !ok {
+				n = -1
+			}
+			r.left[to] = n
+		}
+		switch {
+		case n < 0:
+			return to
+		case n > 0:
+			r.left[to] = n - 1
+			return to
+		}
+	}
+	return ""
 }
 
 // takers lists, for each holder of open, the replacements that may take
@@ -1142,11 +1195,15 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 				return f, nil, err
 			}
 			may := takers(targets, open, ancestors, nil)
+			room := rs.roomOf()
 			for _, l := range open {
-				if len(may[l.Holder]) > 0 {
-					bf.OpenLeases++
-				} else {
+				switch {
+				case len(may[l.Holder]) == 0:
 					bf.WaitingLeases++
+				case room.take(may[l.Holder]) == "":
+					bf.FullLeases++
+				default:
+					bf.OpenLeases++
 				}
 			}
 			for _, l := range stuck {

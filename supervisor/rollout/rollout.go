@@ -172,6 +172,15 @@ type Rollout struct {
 	// that save is counted from its lease (its fresh lease id) by the
 	// batch's next pass. Stored only; not sent.
 	Reassigning []Reassignment `json:"reassigning,omitempty"`
+
+	// WaitingSince is when the rollout, running with agents left to drain
+	// and no batch unfinished, began waiting for the replacements its next
+	// batch needs to stay within MaxUnavailable (a replacement counted for
+	// a finished batch left since): no batch's deadline bounds that wait,
+	// so it is bounded by BatchDeadline from here, and the rollout then
+	// pauses saying what is missing. Zero when it is not so waiting; a
+	// resume starts the wait afresh. Stored only; not sent.
+	WaitingSince time.Time `json:"waiting_since,omitzero"`
 }
 
 // Reassignment is a reassignment batch Batch's handover pass is about to
@@ -264,7 +273,8 @@ type BatchFacts struct {
 	Terminated bool
 	RecordID   string
 	// OpenLeases: open leases held by the batch's members that can be
-	// handed over (not terminal, no cancel request, no ownership conflict).
+	// handed over (not terminal, no cancel request, no ownership conflict)
+	// to a ready replacement with room for them (FullLeases).
 	OpenLeases int
 	// ConflictedLeases: open leases held by the batch's members with an
 	// unresolved ownership conflict. They cannot be handed over, and the
@@ -280,6 +290,11 @@ type BatchFacts struct {
 	// a job is never handed to an agent outside its lineage that merely
 	// labelled itself a replacement.
 	WaitingLeases int
+	// FullLeases: open leases held by the batch's members that a ready
+	// replacement may take, but none of those has room for (each holds as
+	// many open leases as one agent may). The batch is not done while any
+	// is left, and at its deadline the rollout pauses saying so.
+	FullLeases int
 }
 
 // RolloutFacts is the control plane's view, read from stored state by the
@@ -353,6 +368,9 @@ type RolloutStep struct {
 	Reason string
 	// Wake is when to look again if nothing changes (zero: no timer).
 	Wake time.Time
+	// Waiting (a Wait): no batch is unfinished and the next cannot start
+	// for want of replacements (Rollout.WaitingSince).
+	Waiting bool
 }
 
 // RolloutOutcome is what the shell reports after performing a step.
@@ -404,7 +422,7 @@ func NextRollout(r Rollout, f RolloutFacts, now time.Time) RolloutStep {
 			return RolloutStep{Action: ActRolloutNoteReplaced, Batch: b.Index}
 		case !b.ReplacedAt.IsZero() && bf.Marked && (!b.HandedOver || bf.OpenLeases > 0 || len(r.reassigning(b.Index)) > 0):
 			return RolloutStep{Action: ActRolloutHandOver, Batch: b.Index}
-		case !b.TerminatedAt.IsZero() && !b.ReplacedAt.IsZero() && b.HandedOver && bf.OpenLeases == 0 && bf.ConflictedLeases == 0 && bf.WaitingLeases == 0:
+		case !b.TerminatedAt.IsZero() && !b.ReplacedAt.IsZero() && b.HandedOver && bf.OpenLeases == 0 && bf.ConflictedLeases == 0 && bf.WaitingLeases == 0 && bf.FullLeases == 0:
 			return RolloutStep{Action: ActRolloutCompleteBatch, Batch: b.Index}
 		}
 		if b.TerminatedAt.IsZero() {
@@ -434,6 +452,24 @@ func NextRollout(r Rollout, f RolloutFacts, now time.Time) RolloutStep {
 		if r.Unavailable(f.ReadyTarget)+size <= r.MaxUnavailable {
 			return RolloutStep{Action: ActRolloutStartBatch, Batch: len(r.Batches), Nodes: append([]string(nil), f.Candidates[:size]...)}
 		}
+		if !unfinished {
+			// Every batch is done, yet the replacements counted for them
+			// are no longer all ready (one left after its batch was done:
+			// a rogue's replacement claiming its exit once it had been
+			// counted, say). No batch's deadline bounds this wait: until
+			// the forty-eighth hostile pass the rollout stayed running
+			// here, saying nothing, for as long as nobody looked. It
+			// waits one batch deadline, then pauses saying what is
+			// missing.
+			if r.WaitingSince.IsZero() {
+				return RolloutStep{Action: ActRolloutWait, Wake: now.Add(r.BatchDeadline), Waiting: true}
+			}
+			deadline := r.WaitingSince.Add(r.BatchDeadline)
+			if !now.Before(deadline) {
+				return RolloutStep{Action: ActRolloutPause, Batch: len(r.Batches), Reason: cannotStart(r, f, replacements, size)}
+			}
+			return RolloutStep{Action: ActRolloutWait, Wake: deadline, Waiting: true}
+		}
 	}
 	if r.State == RolloutRunning && f.Remaining == 0 && !unfinished {
 		return RolloutStep{Action: ActRolloutComplete}
@@ -461,10 +497,20 @@ func missedDeadline(r Rollout, b RolloutBatch, f RolloutFacts, replacements int)
 	if w := f.Batches[b.Index].WaitingLeases; w > 0 {
 		waiting = append(waiting, fmt.Sprintf("%d leases wait for a ready replacement spawned by an ancestor of their holder or by an operator, or in a tree registered with labels %q", w, r.TargetSelector))
 	}
+	if full := f.Batches[b.Index].FullLeases; full > 0 {
+		waiting = append(waiting, fmt.Sprintf("%d leases wait for room: every ready replacement that may take them holds as many open leases as one agent may", full))
+	}
 	if conflicted := f.Batches[b.Index].ConflictedLeases; conflicted > 0 {
 		waiting = append(waiting, fmt.Sprintf("%d leases have an unresolved ownership conflict and cannot be handed over; resolve them (lease reassign or resolve)", conflicted))
 	}
 	return fmt.Sprintf("batch %d missed its deadline (%s after it started): %s", b.Index, r.BatchDeadline, strings.Join(waiting, "; "))
+}
+
+// cannotStart explains why the next batch could not start within a batch
+// deadline after every earlier one was done.
+func cannotStart(r Rollout, f RolloutFacts, replacements, size int) string {
+	return fmt.Sprintf("batch %d cannot start: %d of %d replacements matching %q are ready for the %d agents drained by batches 0 to %d, and draining %d more would leave %d unavailable, beyond max_unavailable %d (waited %s)",
+		len(r.Batches), replacements, r.Drained(), r.TargetSelector, r.Drained(), len(r.Batches)-1, size, r.Unavailable(f.ReadyTarget)+size, r.MaxUnavailable, r.BatchDeadline)
 }
 
 // AdvanceRollout records that step was performed at now (with the shell's
@@ -480,7 +526,15 @@ func AdvanceRollout(r Rollout, step RolloutStep, out RolloutOutcome, f RolloutFa
 		return &r.Batches[step.Batch], nil
 	}
 	switch step.Action {
-	case ActRolloutWait, ActRolloutNone:
+	case ActRolloutWait:
+		switch {
+		case step.Waiting && r.WaitingSince.IsZero():
+			r.WaitingSince = now
+		case !step.Waiting:
+			r.WaitingSince = time.Time{}
+		}
+		return r, nil
+	case ActRolloutNone:
 		return r, nil
 	case ActRolloutStartBatch:
 		if r.State != RolloutRunning || step.Batch != len(r.Batches) || len(step.Nodes) == 0 || out.TerminationID == "" {
@@ -496,6 +550,7 @@ func AdvanceRollout(r Rollout, step RolloutStep, out RolloutOutcome, f RolloutFa
 			Exited: slices.Clone(out.Exited), StartedAt: now, Deadline: now.Add(r.BatchDeadline),
 		})
 		r.Remaining = max(0, r.Remaining-len(step.Nodes))
+		r.WaitingSince = time.Time{}
 	case ActRolloutNoteTerminated:
 		b, err := batch()
 		if err != nil {
@@ -535,6 +590,7 @@ func AdvanceRollout(r Rollout, step RolloutStep, out RolloutOutcome, f RolloutFa
 			return r, fmt.Errorf("supervisor: rollout %s: cannot pause while %s", r.ID, r.State)
 		}
 		r.State, r.Reason = RolloutPaused, step.Reason
+		r.WaitingSince = time.Time{}
 	case ActRolloutComplete:
 		if r.State != RolloutRunning {
 			return r, fmt.Errorf("supervisor: rollout %s: cannot complete while %s", r.ID, r.State)
@@ -620,7 +676,7 @@ func DecideRollout(r Rollout, d RolloutDecision, reason, by string, now time.Tim
 	case DecidePause:
 		r.State, r.Reason = RolloutPaused, "paused by "+who
 	case DecideResume:
-		r.State, r.Reason = RolloutRunning, ""
+		r.State, r.Reason, r.WaitingSince = RolloutRunning, "", time.Time{}
 		for i := range r.Batches {
 			if !r.Batches[i].finished() {
 				r.Batches[i].Deadline = now.Add(r.BatchDeadline)

@@ -22,7 +22,8 @@ import (
 //	at 5s candidates=a,b remaining=2 ready=1 b0=marked b1=terminated b0.leases=2 b0.conflicts=1
 //	                                 observe these facts at epoch+5s and call NextRollout
 //	                                 (bN.leases: open leases; bN.conflicts: conflicted ones;
-//	                                 bN.waiting: ones no ready replacement may take)
+//	                                 bN.waiting: ones no ready replacement may take;
+//	                                 bN.full: ones none that may take them has room for)
 //	=> start_batch 1 nodes=a,b       the expected step (batch, nodes=, wake=, reason~text)
 //	outcome handed=2 stuck=j1,j2     what the shell reports for the step (default: a
 //	                                 start_batch's termination is t<batch>; exited=a,b:
@@ -179,6 +180,11 @@ func (tr *rolloutTranscript) observe(at string, fields []string) {
 			i := tr.num(strings.TrimSuffix(strings.TrimPrefix(k, "b"), ".waiting"))
 			bf := f.Batches[i]
 			bf.WaitingLeases = tr.num(v)
+			f.Batches[i] = bf
+		case strings.HasPrefix(k, "b") && strings.HasSuffix(k, ".full"):
+			i := tr.num(strings.TrimSuffix(strings.TrimPrefix(k, "b"), ".full"))
+			bf := f.Batches[i]
+			bf.FullLeases = tr.num(v)
 			f.Batches[i] = bf
 		case strings.HasPrefix(k, "b") && strings.HasSuffix(k, ".leases"):
 			i := tr.num(strings.TrimSuffix(strings.TrimPrefix(k, "b"), ".leases"))

@@ -149,6 +149,17 @@ func (c *Coordinator) OpenLeases(holder, account string) (byHolder, byAccount in
 	return c.open.byHolder[holder], c.open.byAccount[account]
 }
 
+// HolderRoom is how many more open leases holder may be given within
+// Config.MaxOpenPerHolder, as judged (bounded false: no bound).
+func (c *Coordinator) HolderRoom(holder string) (room int, bounded bool) {
+	if c.cfg.MaxOpenPerHolder <= 0 {
+		return 0, false
+	}
+	c.open.mu.Lock()
+	defer c.open.mu.Unlock()
+	return max(0, c.cfg.MaxOpenPerHolder-c.open.byHolder[holder]), true
+}
+
 // countOpen counts every entry's open lease again, after a load, with the
 // accounts of their holders (Config.Accounts, asked once per holder).
 func (c *Coordinator) countOpen(ctx context.Context) error {
