@@ -47,9 +47,10 @@ type lateWatch struct {
 	mu     sync.Mutex
 	on     *lateAnswers // the connection, once its request was written to it
 	id     jsonrpc.ID
-	over   bool        // forgotten
-	stops  []func()    // run as it is forgotten
-	stream *lateStream // the call's event stream at a Streamable HTTP upstream
+	over   bool         // forgotten
+	stops  []func()     // run as it is forgotten
+	stream *lateStream  // the call's event stream at a Streamable HTTP upstream
+	also   *lateAnswers // the connection's other streams, listened on too (lateCalls.conn)
 }
 
 // onForget runs stop as w is forgotten (at once if it was).
@@ -78,20 +79,22 @@ func (w *lateWatch) connectionGone() <-chan struct{} {
 // forget stops listening: the call is over, however it ended.
 func (w *lateWatch) forget() {
 	w.mu.Lock()
-	on, stops := w.on, w.stops
+	on, also, stops := w.on, w.also, w.stops
 	w.over, w.stops = true, nil
 	w.mu.Unlock()
 	for _, stop := range stops {
 		stop()
 	}
-	if on == nil {
-		return
+	for _, l := range []*lateAnswers{on, also} {
+		if l == nil {
+			continue
+		}
+		l.mu.Lock()
+		if l.calls[w.id] == w {
+			delete(l.calls, w.id)
+		}
+		l.mu.Unlock()
 	}
-	on.mu.Lock()
-	if on.calls[w.id] == w {
-		delete(on.calls, w.id)
-	}
-	on.mu.Unlock()
 }
 
 // lateAnswers are the calls of one stdio upstream's connection (or the
@@ -125,6 +128,21 @@ func (l *lateAnswers) written(ctx context.Context, msg jsonrpc.Message) {
 	w.mu.Lock()
 	w.on, w.id = l, req.ID
 	w.mu.Unlock()
+}
+
+// listen has l hear the answer to the request id, w's call, as well as
+// the connection it was written to (written): l is not where its wait
+// ends.
+func (l *lateAnswers) listen(w *lateWatch, id jsonrpc.ID) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.over {
+		return
+	}
+	w.also = l
+	l.mu.Lock()
+	l.calls[id] = w
+	l.mu.Unlock()
 }
 
 // read hands an answer to the call it answers, if it is listened for.

@@ -33,6 +33,13 @@ import (
 type lateCalls struct {
 	next    http.RoundTripper
 	closing context.Context // ends as the gateway closes
+	// conn hears the connection's other streams (the standalone one the
+	// SDK's client opens with a GET at revisions before 2026-07-28, and
+	// its resumptions): an upstream that answered a cancelled call there,
+	// not on the call's own stream, was read by the SDK's client, which
+	// had forgotten the call, and dropped (rogue48f tests). Each call's
+	// answer is listened for there too, by its request's id.
+	conn *lateAnswers
 }
 
 func (l lateCalls) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -41,6 +48,9 @@ func (l lateCalls) RoundTrip(r *http.Request) (*http.Response, error) {
 		if st := w.resumable(); st != nil && st.ctx.Err() == nil && r.Context().Err() == nil {
 			return st.resumedBySDK(r)
 		}
+	}
+	if r.Method == http.MethodGet {
+		return l.heardOnConnection(r)
 	}
 	if w == nil || r.Method != http.MethodPost || r.Context().Err() != nil {
 		// (A call cancelled before it is sent is not sent.)
@@ -60,6 +70,9 @@ func (l lateCalls) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	on := newLateAnswers() // this POST's, ended with it
 	on.written(r.Context(), &jsonrpc.Request{ID: rid, Method: "tools/call"})
+	if l.conn != nil {
+		l.conn.listen(w, rid)
+	}
 
 	ctx, stop := context.WithCancel(context.WithoutCancel(r.Context()))
 	unclosing := context.AfterFunc(l.closing, stop)
@@ -103,6 +116,24 @@ func (l lateCalls) RoundTrip(r *http.Request) (*http.Response, error) {
 		detached.Body = sent
 	}
 	return st.send(r, detached, st.end)
+}
+
+// heardOnConnection sends r, a GET the gateway does not carry as a call's
+// resumption (the standalone stream, or the SDK's resumption of it), and
+// has each answer its event stream carries heard by the call it answers,
+// if the gateway listens for it (l.conn): the SDK's client reads the
+// stream on, as before.
+func (l lateCalls) heardOnConnection(r *http.Request) (*http.Response, error) {
+	resp, err := l.next.RoundTrip(r)
+	if err != nil || l.conn == nil || resp.Body == nil || resp.StatusCode != http.StatusOK {
+		return resp, err
+	}
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "text/event-stream" {
+		return resp, err
+	}
+	st := &lateStream{ctx: r.Context(), heard: &lateHeard{on: l.conn, fired: true}, standalone: true}
+	resp.Body = newLateBody(resp, st)
+	return resp, nil
 }
 
 // send sends out (r, under the stream's context) and reads its answer as
@@ -184,6 +215,11 @@ type lateStream struct {
 	lastID  string // the last event id the stream carried
 	broken  bool   // ended without the answer, resumable, not resumed yet
 	resumed int    // resumptions by the gateway
+
+	// standalone is a stream of the connection's that is no call's
+	// (heardOnConnection): its end ends no wait, and the SDK's client
+	// resumes it.
+	standalone bool
 }
 
 // MaxStreamResumptions bounds the gateway's resumptions of one call's
@@ -209,6 +245,9 @@ func (s *lateStream) sawID(id string) {
 // ended takes the end of one body of the call's stream (its POST's, or a
 // resumption's): the stream's end, unless it can be resumed.
 func (s *lateStream) ended(stream bool) {
+	if s.standalone {
+		return
+	}
 	if !stream || s.ctx.Err() != nil || s.heard.answered.Load() {
 		s.end()
 		return
