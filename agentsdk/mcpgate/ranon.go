@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -105,6 +106,10 @@ type lateAnswers struct {
 	calls map[jsonrpc.ID]*lateWatch
 	gone  chan struct{} // closed as the connection ends
 	once  sync.Once
+	// streams are the event streams open on a Streamable HTTP upstream's
+	// connection that are no call's (lateCalls.conn's: the standalone
+	// stream), on which an answer may still come.
+	streams atomic.Int32
 }
 
 func newLateAnswers() *lateAnswers {

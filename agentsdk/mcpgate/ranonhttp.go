@@ -77,11 +77,14 @@ func (l lateCalls) RoundTrip(r *http.Request) (*http.Response, error) {
 	ctx, stop := context.WithCancel(context.WithoutCancel(r.Context()))
 	unclosing := context.AfterFunc(l.closing, stop)
 	heard := &lateHeard{on: on}
-	st := &lateStream{ctx: ctx, next: l.next, url: r.URL, header: resumeHeader(r.Header), heard: heard}
+	st := &lateStream{ctx: ctx, next: l.next, url: r.URL, header: resumeHeader(r.Header), heard: heard, conn: l.conn}
+	st.release = func() {
+		stop()
+		unclosing()
+	}
 	st.end = func() {
 		st.endOnce.Do(func() {
-			stop()
-			unclosing()
+			st.release()
 			on.end()
 		})
 	}
@@ -131,7 +134,8 @@ func (l lateCalls) heardOnConnection(r *http.Request) (*http.Response, error) {
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "text/event-stream" {
 		return resp, err
 	}
-	st := &lateStream{ctx: r.Context(), heard: &lateHeard{on: l.conn, fired: true}, standalone: true}
+	l.conn.streams.Add(1)
+	st := &lateStream{ctx: r.Context(), heard: &lateHeard{on: l.conn, fired: true}, conn: l.conn, standalone: true}
 	resp.Body = newLateBody(resp, st)
 	return resp, nil
 }
@@ -210,6 +214,8 @@ type lateStream struct {
 	heard   *lateHeard
 	end     func() // the stream is over: no answer comes on it any more
 	endOnce sync.Once
+	release func()       // lets go of the POST, not of the wait (unresumable)
+	conn    *lateAnswers // the connection's other streams (lateCalls.conn)
 
 	mu      sync.Mutex
 	lastID  string // the last event id the stream carried
@@ -246,6 +252,7 @@ func (s *lateStream) sawID(id string) {
 // resumption's): the stream's end, unless it can be resumed.
 func (s *lateStream) ended(stream bool) {
 	if s.standalone {
+		s.conn.streams.Add(-1) // (once: lateBody)
 		return
 	}
 	if !stream || s.ctx.Err() != nil || s.heard.answered.Load() {
@@ -255,7 +262,7 @@ func (s *lateStream) ended(stream bool) {
 	s.mu.Lock()
 	if s.lastID == "" || s.resumed >= MaxStreamResumptions {
 		s.mu.Unlock()
-		s.end()
+		s.unresumable()
 		return
 	}
 	s.broken = true
@@ -263,6 +270,22 @@ func (s *lateStream) ended(stream bool) {
 	if s.heard.isCancelled() {
 		s.resume()
 	}
+}
+
+// unresumable takes the end of the call's stream, which can carry its
+// answer no more (it carried no event id, or its resumptions are spent):
+// the end of the wait for the answer, unless the connection has another
+// stream open (the standalone one), where an upstream that ended the
+// call's stream may still answer the call (rogue48f tests): then the POST
+// is let go, and the wait ends as the call is forgotten (the answer heard
+// there, the grace over after a cancel; before one, the SDK's client ends
+// the call at this end, the request terminated without its response).
+func (s *lateStream) unresumable() {
+	if s.conn != nil && s.conn.streams.Load() > 0 {
+		s.release()
+		return
+	}
+	s.end()
 }
 
 // take claims the resumption of a broken stream, from its last event id.

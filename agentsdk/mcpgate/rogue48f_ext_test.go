@@ -45,13 +45,14 @@ func (s *standaloneAnswer) id() json.RawMessage {
 }
 
 // standaloneAnsweringWorld is a world whose gateway, on a manual clock,
-// fronts the Go SDK's server (upstream "runs", at MCP 2025-06-18) whose
-// tool put opens its call's event stream (a progress event), says it
-// started and, once it has heard the call cancelled, says so and holds the
-// stream open without answering on it; what the test pushes is written on
-// the standalone stream the gateway's client opened, by the rogue in front
-// of the server.
-func standaloneAnsweringWorld(t *testing.T) (w *world, clk *clock.Manual, up *httpRunsOn, sa *standaloneAnswer, called <-chan error) {
+// fronts the Go SDK's server (upstream "runs", at MCP 2025-06-18, without
+// an event store: its events carry no id) whose tool put opens its call's
+// event stream (a progress event), says it started and, once it has heard
+// the call cancelled, ends the stream if endStream (CloseSSEStream: no
+// answer, no event id to resume it from), says so, and answers nothing on
+// the call's stream; what the test pushes is written on the standalone
+// stream the gateway's client opened, by the rogue in front of the server.
+func standaloneAnsweringWorld(t *testing.T, endStream bool) (w *world, clk *clock.Manual, up *httpRunsOn, sa *standaloneAnswer, called <-chan error) {
 	t.Helper()
 	w = newWorld(t, "mcp:runs/*")
 	up = &httpRunsOn{started: make(chan struct{}, 1), cancelled: make(chan struct{}, 1), release: make(chan struct{}), stop: make(chan struct{}), posts: make(chan struct{}, 8)}
@@ -64,11 +65,14 @@ func standaloneAnsweringWorld(t *testing.T) (w *world, clk *clock.Manual, up *ht
 		up.started <- struct{}{}
 		select {
 		case <-ctx.Done():
-			up.cancelled <- struct{}{}
 		case <-up.stop:
 			return nil, nil, context.Canceled
 		}
-		<-up.stop // the call's own stream stays open, and says nothing more
+		if endStream {
+			req.Extra.CloseSSEStream(mcp.CloseSSEStreamArgs{})
+		}
+		up.cancelled <- struct{}{}
+		<-up.stop // the call's own stream says nothing more
 		return nil, nil, context.Canceled
 	})
 	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil)
@@ -125,22 +129,54 @@ func standaloneAnsweringWorld(t *testing.T) (w *world, clk *clock.Manual, up *ht
 // grace runs out only when the test, having waited guardWait for the
 // gateway to stop waiting, has it pass.)
 func TestRogue48FHTTPUpstreamAnsweringOnItsStandaloneStreamIsNotRecordedCancelled(t *testing.T) {
-	w, clk, up, sa, called := standaloneAnsweringWorld(t)
+	w, clk, up, sa, called := standaloneAnsweringWorld(t, false)
 	recv(t, sa.open, "the gateway's client to open the upstream's standalone stream")
 	call := abortRecordAfter(t, w, func() { recv(t, up.cancelled, "the upstream to hear the call cancelled") }, func() {
 		grace := func() bool { return clk.Armed(clk.Now().Add(mcpgate.CancelAnswerGrace)) }
 		waitUntil(t, grace, "the gateway to wait for a late answer")
-		id := sa.id()
-		if id == nil {
-			t.Fatal("the upstream never saw the call's id")
-		}
-		sa.push <- []byte(fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"done all the same"}]}}`, id))
+		answerOnStandalone(t, sa)
 		if !eventually(func() bool { return !grace() }) {
 			// Still waiting: it did not hear the answer. The grace passes,
 			// and the record says what the gateway concluded.
 			clk.Advance(mcpgate.CancelAnswerGrace)
 		}
 	})
+	wantRanOn(t, call, called)
+}
+
+// The same upstream ending the call's stream after the cancel, without the
+// answer and without an event id to resume it from, then answering on its
+// standalone stream, ran the call too. Before the forty-eighth pass the
+// stream's end ended the gateway's wait at once (nothing could come on
+// it), and the record read cancelled_acked; the wait now goes on, to the
+// grace, while the connection has a standalone stream open.
+func TestRogue48FHTTPUpstreamEndingTheCallsStreamWithoutIDsAndAnsweringOnItsStandaloneStreamIsNotRecordedCancelled(t *testing.T) {
+	w, clk, up, sa, called := standaloneAnsweringWorld(t, true)
+	recv(t, sa.open, "the gateway's client to open the upstream's standalone stream")
+	call := abortRecordAfter(t, w, func() { recv(t, up.cancelled, "the upstream to hear the call cancelled and end its stream") }, func() {
+		answerOnStandalone(t, sa)
+		if !eventually(func() bool { return !clk.Armed(clk.Now().Add(mcpgate.CancelAnswerGrace)) }) {
+			clk.Advance(mcpgate.CancelAnswerGrace) // (not heard)
+		}
+	})
+	wantRanOn(t, call, called)
+}
+
+// answerOnStandalone has the rogue answer the call with a result on the
+// standalone stream.
+func answerOnStandalone(t *testing.T, sa *standaloneAnswer) {
+	t.Helper()
+	id := sa.id()
+	if id == nil {
+		t.Fatal("the upstream never saw the call's id")
+	}
+	sa.push <- []byte(fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"done all the same"}]}}`, id))
+}
+
+// wantRanOn fails unless the record has the call completed and the agent
+// was not told it was cancelled.
+func wantRanOn(t *testing.T, call *tetherv1.RecordToolCall, called <-chan error) {
+	t.Helper()
 	if call.Resolution != tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED {
 		t.Fatalf("record: runs/put %v (%q), want completed: the upstream answered it with a result after its cancel, on its standalone stream", call.Resolution, call.Error)
 	}
@@ -153,10 +189,14 @@ func TestRogue48FHTTPUpstreamAnsweringOnItsStandaloneStreamIsNotRecordedCancelle
 // cancel acknowledged when the grace is over, as before: hearing the
 // standalone stream costs an abort nothing more.
 func TestRogue48FHTTPUpstreamSilentOnItsStandaloneStreamIsAcknowledgedAfterTheGrace(t *testing.T) {
-	w, clk, up, sa, called := standaloneAnsweringWorld(t)
-	recv(t, sa.open, "the gateway's client to open the upstream's standalone stream")
-	call := abortRecordAfter(t, w, func() { recv(t, up.cancelled, "the upstream to hear the call cancelled") }, func() { passGrace(t, clk) })
-	wantAcked(t, call, called)
+	for name, endStream := range map[string]bool{"the call's stream open": false, "the call's stream ended without ids": true} {
+		t.Run(name, func(t *testing.T) {
+			w, clk, up, sa, called := standaloneAnsweringWorld(t, endStream)
+			recv(t, sa.open, "the gateway's client to open the upstream's standalone stream")
+			call := abortRecordAfter(t, w, func() { recv(t, up.cancelled, "the upstream to hear the call cancelled") }, func() { passGrace(t, clk) })
+			wantAcked(t, call, called)
+		})
+	}
 }
 
 // waitUntil waits for cond, or the test fails (what names it) when it has
