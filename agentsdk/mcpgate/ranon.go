@@ -32,7 +32,8 @@ import (
 // connection ends meanwhile. Over Streamable HTTP the answer is heard on
 // the call's POST, kept open for the grace (lateCalls; rogue46d tests), and
 // on its event stream resumed when the upstream ends it (lateStream;
-// rogue47c tests). An
+// rogue47c tests), and on the upstream's standalone stream (lateCalls.conn;
+// rogue48f tests). An
 // answer after the grace is still dropped (docs/design.md §11).
 const CancelAnswerGrace = 2 * time.Second
 
