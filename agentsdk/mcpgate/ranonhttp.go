@@ -49,7 +49,7 @@ func (l lateCalls) RoundTrip(r *http.Request) (*http.Response, error) {
 			return st.resumedBySDK(r)
 		}
 	}
-	if r.Method == http.MethodGet {
+	if w == nil && r.Method == http.MethodGet {
 		return l.heardOnConnection(r)
 	}
 	if w == nil || r.Method != http.MethodPost || r.Context().Err() != nil {
@@ -121,8 +121,8 @@ func (l lateCalls) RoundTrip(r *http.Request) (*http.Response, error) {
 	return st.send(r, detached, st.end)
 }
 
-// heardOnConnection sends r, a GET the gateway does not carry as a call's
-// resumption (the standalone stream, or the SDK's resumption of it), and
+// heardOnConnection sends r, a GET of no call's (the standalone stream,
+// or the SDK's resumption of it), and
 // has each answer its event stream carries heard by the call it answers,
 // if the gateway listens for it (l.conn): the SDK's client reads the
 // stream on, as before.
@@ -260,9 +260,14 @@ func (s *lateStream) ended(stream bool) {
 		return
 	}
 	s.mu.Lock()
-	if s.lastID == "" || s.resumed >= MaxStreamResumptions {
+	if s.lastID == "" {
 		s.mu.Unlock()
 		s.unresumable()
+		return
+	}
+	if s.resumed >= MaxStreamResumptions {
+		s.mu.Unlock()
+		s.end()
 		return
 	}
 	s.broken = true
@@ -272,14 +277,16 @@ func (s *lateStream) ended(stream bool) {
 	}
 }
 
-// unresumable takes the end of the call's stream, which can carry its
-// answer no more (it carried no event id, or its resumptions are spent):
-// the end of the wait for the answer, unless the connection has another
-// stream open (the standalone one), where an upstream that ended the
-// call's stream may still answer the call (rogue48f tests): then the POST
-// is let go, and the wait ends as the call is forgotten (the answer heard
-// there, the grace over after a cancel; before one, the SDK's client ends
-// the call at this end, the request terminated without its response).
+// unresumable takes the end of the call's stream, which carried no event
+// id to resume it from, without its answer: the end of the wait for the
+// answer, unless the connection has another stream open (the standalone
+// one), where an upstream that ended the call's stream may still answer
+// the call (rogue48f tests): then the POST is let go, and the wait ends as
+// the call is forgotten (the answer heard there, the grace over after a
+// cancel; before one, the SDK's client ends the call at this end, the
+// request terminated without its response). (A stream whose resumptions
+// are spent ends the wait, as before: MaxStreamResumptions bounds what an
+// upstream ending each resumption costs an abort.)
 func (s *lateStream) unresumable() {
 	if s.conn != nil && s.conn.streams.Load() > 0 {
 		s.release()
