@@ -111,8 +111,9 @@
 // with a result (neither a JSON-RPC error nor isError) says the call ran
 // on past its cancel, and it is recorded as it answered, never cancelled;
 // an error, silence or the connection's (the POST's) end has the cancel
-// acknowledged (a POST's end only when the upstream has no standalone
-// stream open: then the grace's). A call
+// acknowledged (a POST's event stream ended without an event id, only
+// when the upstream has no standalone stream open: otherwise the grace's
+// end). A call
 // whose request is still being written to a stdio upstream (one that no
 // longer reads its input) when the cancel comes ends that connection: the
 // rest is never written, the upstream is started again, and the cancel is
