@@ -122,10 +122,9 @@ func (l lateCalls) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // heardOnConnection sends r, a GET of no call's (the standalone stream,
-// or the SDK's resumption of it), and
-// has each answer its event stream carries heard by the call it answers,
-// if the gateway listens for it (l.conn): the SDK's client reads the
-// stream on, as before.
+// or the SDK's resumption of it), and has each answer its event stream
+// carries heard by the call it answers, if the gateway listens for it
+// (l.conn): the SDK's client reads the stream on, as before.
 func (l lateCalls) heardOnConnection(r *http.Request) (*http.Response, error) {
 	resp, err := l.next.RoundTrip(r)
 	if err != nil || l.conn == nil || resp.Body == nil || resp.StatusCode != http.StatusOK {
