@@ -106,11 +106,14 @@
 // (2 s) after the cancel (a stdio upstream's on its connection, a
 // Streamable HTTP upstream's on the call's POST, kept open for it, and on
 // the call's event stream resumed, by the gateway after the cancel, when
-// the upstream ends it without the answer, as MCP lets it): one
+// the upstream ends it without the answer, as MCP lets it, and on the
+// upstream's standalone stream, which MCP forbids it to answer on): one
 // with a result (neither a JSON-RPC error nor isError) says the call ran
 // on past its cancel, and it is recorded as it answered, never cancelled;
 // an error, silence or the connection's (the POST's) end has the cancel
-// acknowledged. A call
+// acknowledged (a POST's event stream ended without an event id, only
+// when the upstream has no standalone stream open: otherwise the grace's
+// end). A call
 // whose request is still being written to a stdio upstream (one that no
 // longer reads its input) when the cancel comes ends that connection: the
 // rest is never written, the upstream is started again, and the cancel is

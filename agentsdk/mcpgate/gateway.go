@@ -420,7 +420,7 @@ func (g *Gateway) transport(u Upstream) mcp.Transport {
 	if u.URL != "" {
 		// MaxEventSize set, not left 0: the SDK's streamable client takes 0 as
 		// no bound at all (its SSE client takes it as the default).
-		transport := lateCalls{next: answerWaits{next: boundedAnswers{http.DefaultTransport}, bound: g.answerBound(u.Name)}, closing: g.closing}
+		transport := lateCalls{next: answerWaits{next: boundedAnswers{http.DefaultTransport}, bound: g.answerBound(u.Name)}, closing: g.closing, conn: newLateAnswers()}
 		return &mcp.StreamableClientTransport{Endpoint: u.URL, HTTPClient: &http.Client{Transport: transport}, MaxEventSize: MaxUpstreamAnswerBytes}
 	}
 	cmd := exec.Command(u.Command[0], u.Command[1:]...)

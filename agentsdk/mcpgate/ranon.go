@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -31,7 +32,8 @@ import (
 // connection ends meanwhile. Over Streamable HTTP the answer is heard on
 // the call's POST, kept open for the grace (lateCalls; rogue46d tests), and
 // on its event stream resumed when the upstream ends it (lateStream;
-// rogue47c tests). An
+// rogue47c tests), and on the upstream's standalone stream (lateCalls.conn;
+// rogue48f tests). An
 // answer after the grace is still dropped (docs/design.md §11).
 const CancelAnswerGrace = 2 * time.Second
 
@@ -47,9 +49,10 @@ type lateWatch struct {
 	mu     sync.Mutex
 	on     *lateAnswers // the connection, once its request was written to it
 	id     jsonrpc.ID
-	over   bool        // forgotten
-	stops  []func()    // run as it is forgotten
-	stream *lateStream // the call's event stream at a Streamable HTTP upstream
+	over   bool         // forgotten
+	stops  []func()     // run as it is forgotten
+	stream *lateStream  // the call's event stream at a Streamable HTTP upstream
+	also   *lateAnswers // the connection's other streams, listened on too (lateCalls.conn)
 }
 
 // onForget runs stop as w is forgotten (at once if it was).
@@ -78,20 +81,22 @@ func (w *lateWatch) connectionGone() <-chan struct{} {
 // forget stops listening: the call is over, however it ended.
 func (w *lateWatch) forget() {
 	w.mu.Lock()
-	on, stops := w.on, w.stops
+	on, also, stops := w.on, w.also, w.stops
 	w.over, w.stops = true, nil
 	w.mu.Unlock()
 	for _, stop := range stops {
 		stop()
 	}
-	if on == nil {
-		return
+	for _, l := range []*lateAnswers{on, also} {
+		if l == nil {
+			continue
+		}
+		l.mu.Lock()
+		if l.calls[w.id] == w {
+			delete(l.calls, w.id)
+		}
+		l.mu.Unlock()
 	}
-	on.mu.Lock()
-	if on.calls[w.id] == w {
-		delete(on.calls, w.id)
-	}
-	on.mu.Unlock()
 }
 
 // lateAnswers are the calls of one stdio upstream's connection (or the
@@ -102,6 +107,10 @@ type lateAnswers struct {
 	calls map[jsonrpc.ID]*lateWatch
 	gone  chan struct{} // closed as the connection ends
 	once  sync.Once
+	// streams are the event streams open on a Streamable HTTP upstream's
+	// connection that are no call's (lateCalls.conn's: the standalone
+	// stream), on which an answer may still come.
+	streams atomic.Int32
 }
 
 func newLateAnswers() *lateAnswers {
@@ -125,6 +134,21 @@ func (l *lateAnswers) written(ctx context.Context, msg jsonrpc.Message) {
 	w.mu.Lock()
 	w.on, w.id = l, req.ID
 	w.mu.Unlock()
+}
+
+// listen has l hear the answer to the request id, w's call, as well as
+// the connection it was written to (written): l is not where its wait
+// ends.
+func (l *lateAnswers) listen(w *lateWatch, id jsonrpc.ID) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.over {
+		return
+	}
+	w.also = l
+	l.mu.Lock()
+	l.calls[id] = w
+	l.mu.Unlock()
 }
 
 // read hands an answer to the call it answers, if it is listened for.

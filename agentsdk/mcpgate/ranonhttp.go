@@ -33,6 +33,13 @@ import (
 type lateCalls struct {
 	next    http.RoundTripper
 	closing context.Context // ends as the gateway closes
+	// conn hears the connection's other streams (the standalone one the
+	// SDK's client opens with a GET at revisions before 2026-07-28, and
+	// its resumptions): an upstream that answered a cancelled call there,
+	// not on the call's own stream, was read by the SDK's client, which
+	// had forgotten the call, and dropped (rogue48f tests). Each call's
+	// answer is listened for there too, by its request's id.
+	conn *lateAnswers
 }
 
 func (l lateCalls) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -41,6 +48,9 @@ func (l lateCalls) RoundTrip(r *http.Request) (*http.Response, error) {
 		if st := w.resumable(); st != nil && st.ctx.Err() == nil && r.Context().Err() == nil {
 			return st.resumedBySDK(r)
 		}
+	}
+	if w == nil && r.Method == http.MethodGet {
+		return l.heardOnConnection(r)
 	}
 	if w == nil || r.Method != http.MethodPost || r.Context().Err() != nil {
 		// (A call cancelled before it is sent is not sent.)
@@ -60,15 +70,21 @@ func (l lateCalls) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	on := newLateAnswers() // this POST's, ended with it
 	on.written(r.Context(), &jsonrpc.Request{ID: rid, Method: "tools/call"})
+	if l.conn != nil {
+		l.conn.listen(w, rid)
+	}
 
 	ctx, stop := context.WithCancel(context.WithoutCancel(r.Context()))
 	unclosing := context.AfterFunc(l.closing, stop)
 	heard := &lateHeard{on: on}
-	st := &lateStream{ctx: ctx, next: l.next, url: r.URL, header: resumeHeader(r.Header), heard: heard}
+	st := &lateStream{ctx: ctx, next: l.next, url: r.URL, header: resumeHeader(r.Header), heard: heard, conn: l.conn}
+	st.release = func() {
+		stop()
+		unclosing()
+	}
 	st.end = func() {
 		st.endOnce.Do(func() {
-			stop()
-			unclosing()
+			st.release()
 			on.end()
 		})
 	}
@@ -103,6 +119,24 @@ func (l lateCalls) RoundTrip(r *http.Request) (*http.Response, error) {
 		detached.Body = sent
 	}
 	return st.send(r, detached, st.end)
+}
+
+// heardOnConnection sends r, a GET of no call's (the standalone stream,
+// or the SDK's resumption of it), and has each answer its event stream
+// carries heard by the call it answers, if the gateway listens for it
+// (l.conn): the SDK's client reads the stream on, as before.
+func (l lateCalls) heardOnConnection(r *http.Request) (*http.Response, error) {
+	resp, err := l.next.RoundTrip(r)
+	if err != nil || l.conn == nil || resp.Body == nil || resp.StatusCode != http.StatusOK {
+		return resp, err
+	}
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "text/event-stream" {
+		return resp, err
+	}
+	l.conn.streams.Add(1)
+	st := &lateStream{ctx: r.Context(), heard: &lateHeard{on: l.conn, fired: true}, conn: l.conn, standalone: true}
+	resp.Body = newLateBody(resp, st)
+	return resp, nil
 }
 
 // send sends out (r, under the stream's context) and reads its answer as
@@ -179,11 +213,18 @@ type lateStream struct {
 	heard   *lateHeard
 	end     func() // the stream is over: no answer comes on it any more
 	endOnce sync.Once
+	release func()       // lets go of the POST, not of the wait (unresumable)
+	conn    *lateAnswers // the connection's other streams (lateCalls.conn)
 
 	mu      sync.Mutex
 	lastID  string // the last event id the stream carried
 	broken  bool   // ended without the answer, resumable, not resumed yet
 	resumed int    // resumptions by the gateway
+
+	// standalone is a stream of the connection's that is no call's
+	// (heardOnConnection): its end ends no wait, and the SDK's client
+	// resumes it.
+	standalone bool
 }
 
 // MaxStreamResumptions bounds the gateway's resumptions of one call's
@@ -209,12 +250,21 @@ func (s *lateStream) sawID(id string) {
 // ended takes the end of one body of the call's stream (its POST's, or a
 // resumption's): the stream's end, unless it can be resumed.
 func (s *lateStream) ended(stream bool) {
+	if s.standalone {
+		s.conn.streams.Add(-1) // (once: lateBody)
+		return
+	}
 	if !stream || s.ctx.Err() != nil || s.heard.answered.Load() {
 		s.end()
 		return
 	}
 	s.mu.Lock()
-	if s.lastID == "" || s.resumed >= MaxStreamResumptions {
+	if s.lastID == "" {
+		s.mu.Unlock()
+		s.unresumable()
+		return
+	}
+	if s.resumed >= MaxStreamResumptions {
 		s.mu.Unlock()
 		s.end()
 		return
@@ -224,6 +274,24 @@ func (s *lateStream) ended(stream bool) {
 	if s.heard.isCancelled() {
 		s.resume()
 	}
+}
+
+// unresumable takes the end of the call's stream, which carried no event
+// id to resume it from, without its answer: the end of the wait for the
+// answer, unless the connection has another stream open (the standalone
+// one), where an upstream that ended the call's stream may still answer
+// the call (rogue48f tests): then the POST is let go, and the wait ends as
+// the call is forgotten (the answer heard there, the grace over after a
+// cancel; before one, the SDK's client ends the call at this end, the
+// request terminated without its response). (A stream whose resumptions
+// are spent ends the wait, as before: MaxStreamResumptions bounds what an
+// upstream ending each resumption costs an abort.)
+func (s *lateStream) unresumable() {
+	if s.conn != nil && s.conn.streams.Load() > 0 {
+		s.release()
+		return
+	}
+	s.end()
 }
 
 // take claims the resumption of a broken stream, from its last event id.
