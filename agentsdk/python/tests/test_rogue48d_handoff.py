@@ -11,11 +11,12 @@ drains) and runs the handoff's own ``onInvokeHandoff`` after."""
 from __future__ import annotations
 
 import pytest
-from pydantic import BaseModel
 
 from conftest import require_extra
 
 require_extra("agents")
+
+from pydantic import BaseModel  # noqa: E402
 
 from agents import Agent as SDKAgent  # noqa: E402
 from agents import function_tool, handoff, set_tracing_disabled  # noqa: E402
