@@ -15,6 +15,7 @@ import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
+import { echo } from "./echo.js";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
@@ -23,7 +24,7 @@ import { SandboxAgent, filesystem, memory, shell } from "@openai/agents/sandbox"
 import { UnixLocalSandboxClient } from "@openai/agents/sandbox/local";
 import { ScriptedModel, assistantMessage, functionCall, modelResponder } from "@openai/agents/testing";
 
-import { tetherAgent, tetherAgentTool } from "../src/adapters/openai-agents.js";
+import { runTethered, tetherAgent, tetherAgentTool } from "../src/adapters/openai-agents.js";
 import { echoAfter } from "./echo.js";
 import { serveTests, TestServer } from "./server.js";
 
@@ -145,6 +146,50 @@ describe("rogue48J: a sandbox agent's memory generation", () => {
       assert.throws(() => tetherAgentTool(writer, { toolName: "write", toolDescription: "w" }), /generates memories/);
       assert.deepEqual([existsSync(join(dir, "phase-one")), existsSync(join(dir, "phase-two"))], [false, false]);
     } finally {
+      rmSync(dir, { recursive: true, force: true });
+      await gate.close();
+    }
+  });
+});
+
+// A handoff's child is given, by default, `tool:<name>` of its target's
+// function tools; a SandboxAgent's capability tools (made at run time) were
+// not named, so a handoff to a sandbox agent with a function tool of its own
+// spawned a child whose every exec_command was refused for scope, and one
+// with none a child holding its parent's every scope. The Python adapter
+// names the tools of the SDK's own capabilities (`_capability_tools`); so
+// does this one now.
+describe("rogue48J: a handoff to a sandbox agent", () => {
+  test("its child's default scopes name its capabilities' tools", async () => {
+    const { recorded, gate, scope } = await server.recordedRootScope("r48j-gate-3", "triage", ["tool:*"]);
+    const dir = mkdtempSync(join(tmpdir(), "r48j-scopes-"));
+    try {
+      const model = new ScriptedModel([
+        [functionCall("transfer_to_box", {}, { callId: "1" })],
+        [exec(`touch ${join(dir, "ran")}`, "2")],
+        [assistantMessage("done")],
+      ]);
+      const box = new SandboxAgent({ name: "box", instructions: "b", tools: [echo("note")], capabilities: [shell(), filesystem()], model });
+      const triage = new OpenAIAgent({ name: "triage", instructions: "t", handoffs: [box], model });
+      const client = new UnixLocalSandboxClient({ workspaceBaseDir: dir });
+      await run(tetherAgent(scope, triage), "go", { signal: scope.signal, sandbox: { client } });
+      const child = scope.children.find((c) => c.agent.nodeId !== scope.agent.nodeId);
+      // Before: ["tool:note"], its exec_command refused for scope, nothing
+      // run.
+      assert.deepEqual(child?.scopes, ["tool:note", "tool:exec_command", "tool:write_stdin", "tool:view_image", "tool:apply_patch"]);
+      assert.equal(existsSync(join(dir, "ran")), true);
+      assert.deepEqual(
+        recorded.map((c) => [c.tool, c.nodeId]),
+        [["exec_command", child?.agent.nodeId]],
+      );
+      // A sandbox agent with no function tool: its capabilities' tools, not
+      // (before) the parent's every scope.
+      const bare = new SandboxAgent({ name: "bare", instructions: "b", capabilities: [shell()], model: new ScriptedModel([[assistantMessage("done")]]) });
+      const handing = new ScriptedModel([[functionCall("transfer_to_bare", {}, { callId: "3" })]]);
+      await run(tetherAgent(scope, new OpenAIAgent({ name: "triage", instructions: "t", handoffs: [bare], model: handing })), "go", { sandbox: { client } });
+      assert.deepEqual(scope.children.find((c) => c.agent.nodeId !== scope.agent.nodeId && c !== child)?.scopes, ["tool:exec_command", "tool:write_stdin"]);
+    } finally {
+      await scope.closeChildren();
       rmSync(dir, { recursive: true, force: true });
       await gate.close();
     }

@@ -346,6 +346,23 @@ function refuseGeneratingMemory(agent: OpenAIAgent<any, any>): void {
   }
 }
 
+/**
+ * The names of the tools one of the framework's sandbox capabilities makes
+ * once bound to a session (`shell()`: exec_command, write_stdin;
+ * `filesystem()`: view_image, apply_patch; `skills({ lazyFrom })`:
+ * load_skill), for a child's default scopes, as the Python adapter's
+ * `_capability_tools` names the Python SDK's. A capability of the
+ * application's own, or one whose `configureTools` renames its tools, is
+ * not known here: its calls need scopes given (`scopesFor`).
+ */
+function capabilityTools(capability: object): string[] {
+  const { type, lazyFrom } = capability as { type?: unknown; lazyFrom?: unknown };
+  if (type === "shell") return ["exec_command", "write_stdin"];
+  if (type === "filesystem") return ["view_image", "apply_patch"];
+  if (type === "skills" && lazyFrom) return ["load_skill"];
+  return [];
+}
+
 /** Whether t runs here, its calls gated, without being a function tool (a client tool search's execute among them). */
 const gatesLocally = (t: Tool<any>) =>
   t.type === "computer" || t.type === "apply_patch" || (t.type === "shell" && !!t.shell) || (t.type === "hosted_tool" && !!getClientToolSearchExecutor(t));
@@ -353,7 +370,11 @@ const gatesLocally = (t: Tool<any>) =>
 /**
  * `tool:<name>` for each function tool of agent (and each tool gated here
  * without being one: a local shell, an apply_patch editor, a computer, a
- * client tool search, not the tools its searches load, known only then),
+ * client tool search, not the tools its searches load, known only then;
+ * and each tool the framework's sandbox capabilities of a SandboxAgent make
+ * once bound, {@link capabilityTools}: before the forty-eighth pass none,
+ * so a handoff to a sandbox agent with a function tool spawned a child
+ * whose every exec_command was refused for scope, rogue48J test),
  * `mcp:<server>/*` for each of its MCP servers (whose tools are listed only
  * at run time: every tool the server lists is covered), and
  * of every agent it can
@@ -375,6 +396,7 @@ function defaultScopes(agent: OpenAIAgent<any, any>, parent: TetherScope): strin
     if (seen.has(a)) continue;
     seen.add(a);
     for (const t of a.tools) if (t.type === "function" || gatesLocally(t)) add(`tool:${t.name}`);
+    for (const c of capabilitiesOf(a) ?? []) capabilityTools(c).forEach((n) => add(`tool:${n}`));
     for (const server of a.mcpServers) add(mcpScope(server.name));
     for (const t of a.tools) {
       const spec = agentTools.get(t);
