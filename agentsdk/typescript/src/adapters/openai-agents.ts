@@ -69,6 +69,7 @@ export function tetherAgentTool<A extends OpenAIAgent<any, any>>(
   asTool: AgentToolOptions<any, A, any>,
   child: { scopes?: string[]; ttlMs?: number } = {},
 ): FunctionTool<any, any, any> {
+  refuseGeneratingMemory(agent);
   const made = agent.asTool(asTool as any) as unknown as FunctionTool<any, any, any>;
   agentTools.set(made, { agent, asTool, scopes: child.scopes, ttlMs: child.ttlMs });
   return made;
@@ -318,6 +319,50 @@ const capabilitiesOf = (agent: OpenAIAgent<any, any>): object[] | undefined => {
   return Array.isArray(capabilities) ? capabilities : undefined;
 };
 
+/**
+ * Throws for a SandboxAgent with a memory that generates memories
+ * (`memory({ generate })`, the framework's default when given none). When
+ * the run's sandbox session stops (in the runner's `finally`: after the
+ * run's end, its drain's or abort's included) the framework runs agents of
+ * its own, SandboxAgents with its default capabilities (a shell, a
+ * filesystem) in the same sandbox, run by its runner with no signal: phase
+ * one reads the run's transcript, which the run's model wrote, and phase
+ * two consolidates. No node runs them and the adapter cannot reach them.
+ * Until the forty-eighth pass a sandbox agent's capabilities were gated and
+ * its memory kept: a run drained, or aborted by the operator, had the
+ * memory agents run on the host the command its model wrote into the
+ * transcript, as no node of the tree (rogue48J tests). A memory that only
+ * reads (`memory({ generate: false })`) is kept; the Python adapter refuses
+ * the same (`Memory(generate=...)`).
+ */
+function refuseGeneratingMemory(agent: OpenAIAgent<any, any>): void {
+  for (const c of capabilitiesOf(agent) ?? []) {
+    const { type, generate } = c as { type?: unknown; generate?: unknown };
+    if (type === "memory" && generate !== null && generate !== undefined) {
+      throw new Error(
+        `tether: sandbox agent ${agent.name} generates memories (memory({ generate })): the framework's memory agents run shell and file tools in the sandbox, steered by the run's transcript, as no node of the tree, after the run and its stop; give it memory({ generate: false }) (reads only) and generate memories outside the tether`,
+      );
+    }
+  }
+}
+
+/**
+ * The names of the tools one of the framework's sandbox capabilities makes
+ * once bound to a session (`shell()`: exec_command, write_stdin;
+ * `filesystem()`: view_image, apply_patch; `skills({ lazyFrom })`:
+ * load_skill), for a child's default scopes, as the Python adapter's
+ * `_capability_tools` names the Python SDK's. A capability of the
+ * application's own, or one whose `configureTools` renames its tools, is
+ * not known here: its calls need scopes given (`scopesFor`).
+ */
+function capabilityTools(capability: object): string[] {
+  const { type, lazyFrom } = capability as { type?: unknown; lazyFrom?: unknown };
+  if (type === "shell") return ["exec_command", "write_stdin"];
+  if (type === "filesystem") return ["view_image", "apply_patch"];
+  if (type === "skills" && lazyFrom) return ["load_skill"];
+  return [];
+}
+
 /** Whether t runs here, its calls gated, without being a function tool (a client tool search's execute among them). */
 const gatesLocally = (t: Tool<any>) =>
   t.type === "computer" || t.type === "apply_patch" || (t.type === "shell" && !!t.shell) || (t.type === "hosted_tool" && !!getClientToolSearchExecutor(t));
@@ -325,7 +370,11 @@ const gatesLocally = (t: Tool<any>) =>
 /**
  * `tool:<name>` for each function tool of agent (and each tool gated here
  * without being one: a local shell, an apply_patch editor, a computer, a
- * client tool search, not the tools its searches load, known only then),
+ * client tool search, not the tools its searches load, known only then;
+ * and each tool the framework's sandbox capabilities of a SandboxAgent make
+ * once bound, {@link capabilityTools}: before the forty-eighth pass none,
+ * so a handoff to a sandbox agent with a function tool spawned a child
+ * whose every exec_command was refused for scope, rogue48J test),
  * `mcp:<server>/*` for each of its MCP servers (whose tools are listed only
  * at run time: every tool the server lists is covered), and
  * of every agent it can
@@ -347,6 +396,7 @@ function defaultScopes(agent: OpenAIAgent<any, any>, parent: TetherScope): strin
     if (seen.has(a)) continue;
     seen.add(a);
     for (const t of a.tools) if (t.type === "function" || gatesLocally(t)) add(`tool:${t.name}`);
+    for (const c of capabilitiesOf(a) ?? []) capabilityTools(c).forEach((n) => add(`tool:${n}`));
     for (const server of a.mcpServers) add(mcpScope(server.name));
     for (const t of a.tools) {
       const spec = agentTools.get(t);
@@ -371,6 +421,7 @@ export function tetherAgent<A extends OpenAIAgent<any, any>>(scope: TetherScope,
 function wrap(scope: () => TetherScope, agent: OpenAIAgent<any, any>, options: TetherAgentOptions, seen: Map<OpenAIAgent<any, any>, OpenAIAgent<any, any>>): OpenAIAgent<any, any> {
   const done = seen.get(agent);
   if (done) return done;
+  refuseGeneratingMemory(agent);
   const copy = agent.clone({});
   seen.set(agent, copy);
   copy.tools = agent.tools.map((t) => gateTool(scope, t, options));
