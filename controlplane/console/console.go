@@ -213,19 +213,37 @@ func cookieName(r *http.Request) string {
 
 // current returns the request's live session, or nil.
 func (c *Console) current(r *http.Request) *session {
-	ck, err := r.Cookie(cookieName(r))
-	if err != nil || ck.Value == "" {
-		return nil
-	}
+	cookies := r.CookiesNamed(cookieName(r))
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s := c.sessions[ck.Value]
-	if s == nil {
-		return nil
-	}
-	if !c.cfg.Now().Before(s.expires) {
-		c.endLocked(s)
-		return nil
+	return c.presentedLocked(cookies)
+}
+
+// presentedLocked is the live session among the cookies of the console's
+// name a request carries (c.mu held): the last of them that names one.
+// Over plain HTTP the console's cookie is not the console's alone: a
+// server of another port of its host (where an agent may serve a page),
+// or another host of its domain, may set one of the same name for a path
+// of the console, and the browser sends it beside the console's, first
+// (RFC 6265 §5.4: a longer path first; the console's is at "/"). The
+// console read the first alone: a rogue's "tether_console=x" for the
+// path of its own node page sent the operator who opened that page, or
+// posted its stop, to sign in, however often the operator signed in
+// again (rogue48i test). A name that is no live session is passed over;
+// an expired one is ended.
+func (c *Console) presentedLocked(cookies []*http.Cookie) *session {
+	var s *session
+	now := c.cfg.Now()
+	for _, ck := range cookies {
+		o := c.sessions[ck.Value]
+		if ck.Value == "" || o == nil {
+			continue
+		}
+		if !now.Before(o.expires) {
+			c.endLocked(o)
+			continue
+		}
+		s = o
 	}
 	return s
 }
@@ -399,14 +417,13 @@ func (c *Console) signin(w http.ResponseWriter, r *http.Request) {
 	}
 	s := &session{id: randomID(), csrf: randomID(), bind: randomID(), principal: who.Msg.Principal, role: who.Msg.Role, expires: expires, clients: cl}
 	s.ended, s.end = context.WithCancel(context.Background())
+	presented := r.CookiesNamed(cookieName(r))
 	c.mu.Lock()
 	// Drop expired sessions, the one this browser had, and the oldest of
 	// this principal's beyond maxSessionsPerPrincipal (one token cannot
 	// fill the table and lock everybody else out).
-	if old, err := r.Cookie(cookieName(r)); err == nil {
-		if o := c.sessions[old.Value]; o != nil {
-			c.endLocked(o)
-		}
+	if o := c.presentedLocked(presented); o != nil {
+		c.endLocked(o)
 	}
 	var mine []*session
 	for _, old := range c.sessions {

@@ -278,7 +278,7 @@ func TestARolloutsMovesDoNotWipeWhatTheOperatorTypes(t *testing.T) {
 		chromedp.SendKeys(chromedp.CSS(reason), "agents misbehaving"),
 		chromedp.Evaluate[chromedp.Void](`window.sameDocument = true`),
 	)
-	w.clk.Advance(time.Second) // the page knows a move by the rollout's update time
+	w.clk.Advance(time.Second) // as a real clock moves (the page knows a move by the rollout's state, reason and batches)
 	if _, err := w.admin.Supervisor.ResumeRollout(bg, connect.NewRequest(&tetherv1.ResumeRolloutRequest{RolloutId: id})); err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,9 @@ package console
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"encoding/csv"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/agentsdk"
@@ -1236,11 +1239,33 @@ func (c *Console) rollout(w http.ResponseWriter, r *http.Request, s *session) {
 	c.render(w, r, s, http.StatusOK, "rollout", "Rollout "+id, d)
 }
 
-// rolloutVersion identifies what the page shows, so the page reloads only
-// when the rollout moved.
+// rolloutVersion identifies what the page draws of a rollout but its
+// counts, so the page reloads only when the rollout moved (its state,
+// reason or batches), not when its counts did. The agents move a
+// rollout's counts: one that spawns a child labelled like the agents
+// being replaced moves its remaining count, and each move reloaded the
+// page, two of the operator's requests for one of the agent's (rogue48i
+// test); the page writes a move of the counts from the event itself
+// (rolloutCounts).
 func rolloutVersion(ro *tetherv1.Rollout) string {
-	v := ro.GetUpdatedAt().AsTime().UnixNano()
-	return strconv.FormatInt(v, 10) + "-" + strconv.Itoa(len(ro.Batches))
+	shape := proto.Clone(ro).(*tetherv1.Rollout)
+	shape.Counts, shape.UpdatedAt = nil, nil
+	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(shape)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:12])
+}
+
+// rolloutCounts is what the rollout's page shows of its counts, as its
+// event carries them.
+func rolloutCounts(ro *tetherv1.Rollout) map[string]any {
+	c := ro.GetCounts()
+	return map[string]any{
+		"done":        c.GetDrained(),
+		"total":       c.GetDrained() + c.GetRemaining(),
+		"ready":       c.GetReplacementsReady(),
+		"unavailable": c.GetUnavailable(),
+		"handed_over": c.GetLeasesHandedOver(),
+	}
 }
 
 func (c *Console) rolloutEvents(w http.ResponseWriter, r *http.Request, s *session) {
@@ -1254,7 +1279,7 @@ func (c *Console) rolloutEvents(w http.ResponseWriter, r *http.Request, s *sessi
 			_ = send("failed", map[string]string{"error": errorText(err)})
 			return false
 		}
-		return send("rollout", map[string]string{"version": rolloutVersion(ro), "state": enumName(ro.State.String(), "ROLLOUT_STATE_")}) == nil
+		return send("rollout", map[string]any{"version": rolloutVersion(ro), "state": enumName(ro.State.String(), "ROLLOUT_STATE_"), "counts": rolloutCounts(ro)}) == nil
 	})
 }
 

@@ -97,17 +97,30 @@ function showTermination(box, t) {
   }
 }
 
-// ---- a rollout: reload when it moved ----
-// Unless the operator has typed into the page: the agents in a rollout make
-// it move, and a reload would wipe the reason being typed at every move.
-// Then the page says it moved (a form still names the state it showed, so
-// an action on a rollout that moved is refused as stale).
+// ---- a rollout: its counts live, reload when it moved ----
+// The counts are written from the event: the agents move them (a child
+// labelled like the agents being replaced is one more to replace), and a
+// reload at each move cost the operator two requests for one of the
+// agent's. The version is the rest of what the page draws (its state,
+// reason and batches): when it moved the page reloads, unless the
+// operator has typed into it: a reload would wipe the reason being typed
+// at every move. Then the page says it moved (a form still names the
+// state it showed, so an action on a rollout that moved is refused as
+// stale).
 function setupRollout() {
   const box = $("#rollout");
   if (!box || !window.EventSource) return;
   const es = new EventSource("/ui/rollouts/" + encodeURIComponent(box.dataset.id) + "/events");
   es.addEventListener("rollout", (ev) => {
-    if (JSON.parse(ev.data).version === box.dataset.version) return;
+    const m = JSON.parse(ev.data);
+    const counts = m.counts || {};
+    box.querySelectorAll("[data-count]").forEach((el) => {
+      const v = counts[el.dataset.count];
+      if (v !== undefined) el.textContent = String(v);
+    });
+    const bar = box.querySelector("#rollout-counts progress");
+    if (bar && counts.total !== undefined) { bar.max = counts.total; bar.value = counts.done; }
+    if (m.version === box.dataset.version) return;
     es.close();
     const typed = [...box.querySelectorAll("input, textarea")].some((el) => el.value !== el.defaultValue);
     if (!typed) { location.reload(); return; }
