@@ -1339,7 +1339,13 @@ func preAuthBounded(guards func(path string) bool, next http.Handler) http.Handl
 			// context: admittedRequests marks the page live.
 			r = r.WithContext(context.WithValue(r.Context(), pageKey{}, pw))
 		}
-		if pw.page || guards(r.URL.Path) {
+		if guards(r.URL.Path) {
+			// A console page earns nothing itself: the console's calls to
+			// the API for a signed-in browser's page pass here, each
+			// judged and earning. One without a session (the sign-in
+			// page, a static file, a redirect) is charged to nobody, and
+			// earning for it bought its sender the frames of the next
+			// ones, unbounded (rogue48g test).
 			c.earnFrames()
 		}
 		if !pw.page && !guards(r.URL.Path) {
@@ -1389,9 +1395,10 @@ func admittedRequests(next http.Handler) http.Handler {
 }
 
 // earnFrames credits a request the auth Gate judges (an RPC, admitted or
-// refused, or a console page) to the connection's frame budget
-// (FramesPerRequest). A public endpoint's (GET /healthz) earns nothing:
-// charged to nobody, it would buy its sender frames for free.
+// refused, the console's calls for a page among them) to the connection's
+// frame budget (FramesPerRequest). A public endpoint's (GET /healthz) and
+// a console page's own earn nothing: charged to nobody, they would buy
+// their sender frames for free.
 func (c *limitedConn) earnFrames() {
 	if g := c.guard.Load(); g != nil {
 		g.earn(FramesPerRequest)
