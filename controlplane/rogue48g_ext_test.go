@@ -18,6 +18,7 @@ import (
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 )
 
 // TestRogue48GHealthWatchIsNotAFreeStream: gRPC health's Watch, served
@@ -115,21 +116,53 @@ func TestRogue48GHealthWatchIsNotAFreeStream(t *testing.T) {
 // client's connection is read no further once its frame budget is spent,
 // and another agent's calls go on.
 func TestRogue48GConsolePagesWithoutASessionAreThrottledAsFrames(t *testing.T) {
-	limits := controlplane.DefaultConnLimits
-	for _, tc := range []struct {
-		method, path string
-		flood        int
-		// large: each answer a DATA frame of a KiB or more, which earns
-		// the connection a frame once written (the window update it
-		// calls for), so that a client giving its window back in large
-		// steps pays about a fifteenth of a frame a page: throttled
-		// later, after some 1,900 pages, then 30 a second.
-		large bool
-	}{
+	floodWithoutACredential(t, []rogue48gFlood{
 		{http.MethodGet, "/ui/", 1000, false}, // the redirect to the sign-in page
 		{http.MethodHead, "/ui/static/console.js", 1000, false},
 		{http.MethodGet, "/ui/signin", 4000, true},
-	} {
+	})
+}
+
+// TestRogue48GRefusalsBeforeAuthenticationAreThrottledAsFrames: a client
+// without a credential calls the API on one HTTP/2 connection, back to
+// back: each call is refused unauthenticated, charged to its address's
+// budget of requests without a valid credential, and once that is spent
+// refused free (resource_exhausted). Each refusal earned the connection
+// FramesPerRequest frames, as a call the auth Gate judges does, for the
+// one it costs, so the connection was never slowed: on tether serve, one
+// connection keeping eight calls in flight had 17,009 refused in 3 s, 58%
+// of a core. A refusal on a connection no call has bound (none admitted
+// on it) now earns nothing — no honest caller's work rides on it; a
+// follower's connection, carrying its callers' refused calls, is bound
+// by their admitted ones and earns as before — so the connection is
+// throttled as its frame budget is spent.
+func TestRogue48GRefusalsBeforeAuthenticationAreThrottledAsFrames(t *testing.T) {
+	floodWithoutACredential(t, []rogue48gFlood{
+		{http.MethodGet, tetherv1connect.AuthServiceWhoAmIProcedure, 1000, false},
+		{http.MethodPost, "/tether.v1.NoSuchService/Call", 1000, false},
+	})
+}
+
+// rogue48gFlood is a request a client without a credential sends flood
+// times on one connection.
+type rogue48gFlood struct {
+	method, path string
+	flood        int
+	// large: each answer a DATA frame of a KiB or more, which earns the
+	// connection a frame once written (the window update it calls for),
+	// so that a client giving its window back in large steps pays about a
+	// fifteenth of a frame a page: throttled later, after some 1,900
+	// pages, then 30 a second.
+	large bool
+}
+
+// floodWithoutACredential sends each case's requests on a connection of
+// its own, with the clock stopped, and wants the connection throttled
+// (not closed) once its frame budget is spent, another agent's calls
+// served meanwhile.
+func floodWithoutACredential(t *testing.T, cases []rogue48gFlood) {
+	limits := controlplane.DefaultConnLimits
+	for _, tc := range cases {
 		flood := tc.flood
 		t.Run(tc.method+" "+tc.path, func(t *testing.T) {
 			clk := clock.NewManual(epoch)
@@ -197,7 +230,7 @@ func TestRogue48GConsolePagesWithoutASessionAreThrottledAsFrames(t *testing.T) {
 					}
 				}
 			})
-			testserver.WaitFor(t, closeWait, "the pages' connection to be throttled, or every page answered", func() bool {
+			testserver.WaitFor(t, closeWait, "the connection to be throttled, or every request answered", func() bool {
 				return srv.ThrottledConnections() > before || answered.Load() >= int64(flood)
 			})
 			// What the connection may read with the clock stopped: its
@@ -209,16 +242,16 @@ func TestRogue48GConsolePagesWithoutASessionAreThrottledAsFrames(t *testing.T) {
 				bound = int64(flood) - 1
 			}
 			if r.isClosed() {
-				t.Fatalf("the server closed the pages' connection after %d answers; want it slowed", answered.Load())
+				t.Fatalf("the server closed the connection after %d answers; want it slowed", answered.Load())
 			}
 			if n := answered.Load(); srv.ThrottledConnections() == before || n > bound {
-				t.Fatalf("%d of %d console pages without a session answered on one connection with the clock stopped (%d connections throttled); want the connection throttled after at most %d",
+				t.Fatalf("%d of %d requests without a credential answered on one connection with the clock stopped (%d connections throttled); want the connection throttled after at most %d",
 					n, flood, srv.ThrottledConnections()-before, bound)
 			}
-			t.Logf("%d of %d pages answered before the connection was throttled (bound %d)", answered.Load(), flood, bound)
+			t.Logf("%d of %d answered before the connection was throttled (bound %d)", answered.Load(), flood, bound)
 			for range 10 {
 				if err := whoAmI(other); err != nil {
-					t.Fatalf("another agent's call while the pages' connection is throttled: %v", err)
+					t.Fatalf("another agent's call while the flooding connection is throttled: %v", err)
 				}
 			}
 			close(done)
