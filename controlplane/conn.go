@@ -1339,9 +1339,6 @@ func preAuthBounded(guards func(path string) bool, next http.Handler) http.Handl
 			// context: admittedRequests marks the page live.
 			r = r.WithContext(context.WithValue(r.Context(), pageKey{}, pw))
 		}
-		if pw.page || guards(r.URL.Path) {
-			c.earnFrames()
-		}
 		if !pw.page && !guards(r.URL.Path) {
 			// A public request may wait without writing (a stream waiting
 			// for a message): past the bound it is not let in. On a bound
@@ -1356,6 +1353,19 @@ func preAuthBounded(guards func(path string) bool, next http.Handler) http.Handl
 		}
 		next.ServeHTTP(pw, r)
 		if !pw.admitted {
+			// A call the Gate judged and did not admit earns frames
+			// (FramesPerRequest) only on a connection a call has bound:
+			// a follower's, whose callers' refused calls ride with their
+			// admitted ones. On one no call has bound, each refusal
+			// (charged to its address's budget, and past it free)
+			// earned its sender the frames of the next ones: refused as
+			// fast as it asked, never slowed (rogue48g test). A console
+			// page earns nothing itself: the console's calls to the API
+			// for a signed-in browser's page pass here, judged and
+			// earning; one without a session is charged to nobody.
+			if guards(r.URL.Path) && c.bound.Load() {
+				c.earnFrames()
+			}
 			// Hold the place until the answer is written (the server
 			// writes what is left of it after the handler returns).
 			_ = pw.FlushError()
@@ -1379,6 +1389,7 @@ func admittedRequests(next http.Handler) http.Handler {
 				pw.admit()
 				w = pw.ResponseWriter
 				c := pw.c
+				c.earnFrames()
 				c.admissions.Add(1)
 				c.admittedInFlight.Add(1)
 				defer c.admittedInFlight.Add(-1)
@@ -1388,10 +1399,13 @@ func admittedRequests(next http.Handler) http.Handler {
 	})
 }
 
-// earnFrames credits a request the auth Gate judges (an RPC, admitted or
-// refused, or a console page) to the connection's frame budget
-// (FramesPerRequest). A public endpoint's (GET /healthz) earns nothing:
-// charged to nobody, it would buy its sender frames for free.
+// earnFrames credits a request the auth Gate judges (an RPC admitted, the
+// console's calls for a page among them, or refused on a bound
+// connection) to the connection's frame budget (FramesPerRequest). A
+// public endpoint's (GET /healthz), a console page's own and a refusal on
+// a connection no call has bound earn nothing: charged to nobody, or to
+// the anonymous budget only until it is spent, they would buy their
+// sender frames for free.
 func (c *limitedConn) earnFrames() {
 	if g := c.guard.Load(); g != nil {
 		g.earn(FramesPerRequest)

@@ -200,15 +200,22 @@ type frameLimits struct {
 }
 
 // FramesPerRequest is how many frames carrying no request's work each
-// request on a connection that the auth Gate judges (an RPC or a console
-// page, admitted and charged to its caller's rate budget, or refused)
-// earns the connection's frame budget (ConnLimits.ControlFrames): room
+// request on a connection that the auth Gate judges (an RPC, admitted and
+// charged to its caller's rate budget, or refused on a bound connection;
+// a console page earns by the console's calls to the API for it) earns
+// the connection's frame
+// budget (ConnLimits.ControlFrames): room
 // for its stream's HEADERS and reset, its window updates, a header
-// block's CONTINUATIONs, a PING or two, many times over. A refused call
-// earns as an admitted one does: a follower forwarding the calls of a
-// caller whose budget is spent, or a client retrying them, is never
-// slowed for them, and each costs the server more than the frames it
-// earns. A public endpoint's request earns nothing.
+// block's CONTINUATIONs, a PING or two, many times over. A call refused
+// on a connection a call has bound earns as an admitted one does: a
+// follower forwarding the calls of a caller whose budget is spent, or a
+// client retrying them, is never slowed for them, and each costs the
+// server more than the frames it earns. A public endpoint's request earns
+// nothing, nor does a console page's own, nor a call refused on a
+// connection no call has bound: charged to nobody (a page without a
+// session, a refusal past its address's budget), until the forty-eighth
+// pass each earned its sender the frames of the next sixteen (rogue48g
+// tests).
 const FramesPerRequest = 16
 
 // frameBudget is a connection's budget of frames that carry no request's
