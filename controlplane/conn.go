@@ -1445,11 +1445,24 @@ func answersBounded(take func(p auth.Principal, procedure string) (func(), error
 			// here would hold it too, at the cost of an empty DATA frame
 			// a call to end the stream.) HTTP/1.1 carries one request at
 			// a time, its answer's write bounded by its connection's.
+			//
+			// The connection's frame guard is told the answer comes: its
+			// HEADERS wait for its DATA, to go out in one write.
 			if closed := streamClosed(w); closed != nil {
 				release := aw.release
+				var g *frameGuard
+				if c, _ := r.Context().Value(connKey{}).(*limitedConn); c != nil {
+					g = c.guard.Load()
+				}
+				if g != nil {
+					g.answerComing()
+				}
 				go func() {
 					<-closed
 					release()
+					if g != nil {
+						g.answerDone()
+					}
 				}()
 				return
 			}

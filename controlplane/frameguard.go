@@ -164,13 +164,35 @@ type frameGuard struct {
 	writeMu sync.Mutex
 	out     ackFilter // under writeMu
 	ping    [9 + 8]byte
+
+	// answers: the unary answers on the connection whose handlers have
+	// returned (answerComing) and whose streams have not closed
+	// (answerDone). While there are any, a write of the server's that is
+	// HEADERS frames alone is kept in unsent (under writeMu) and goes out
+	// with the next write, in one system call: the HEADERS of an answer
+	// and its DATA, which Go's HTTP/2 server flushes apart.
+	answers atomic.Int64
+	unsent  []byte
+	// keeping: set while a write may be kept in unsent (set before
+	// answers is read, so that answerDone, which reads it after lowering
+	// answers, takes writeMu only when something may be kept).
+	keeping atomic.Bool
+	// byteTimeout: the server's WriteByteTimeout, the bound on a write of
+	// unsent bytes of the guard's own (sendUnsentLocked).
+	byteTimeout time.Duration
+	// deadline: the write deadline the server last set (SetWriteDeadline),
+	// restored after a write of the guard's own; releasing while one is
+	// under way. Under dlMu.
+	dlMu      sync.Mutex
+	deadline  time.Time
+	releasing bool
 }
 
 // pingAckHeader is the header of a PING acknowledgement.
 var pingAckHeader = [9]byte{0, 0, 8, framePing, flagAck}
 
 func newFrameGuard(c net.Conn, limits frameLimits) *frameGuard {
-	g := &frameGuard{Conn: c}
+	g := &frameGuard{Conn: c, byteTimeout: limits.byteTimeout}
 	g.room.L = &g.mu
 	g.ping[2], g.ping[3] = 8, framePing
 	_, _ = rand.Read(g.ping[9:])
@@ -179,11 +201,12 @@ func newFrameGuard(c net.Conn, limits frameLimits) *frameGuard {
 		g.budget = &frameBudget{limits: limits, credit: float64(limits.burst), last: limits.clock.Now()}
 		g.open = map[uint32]streamFrames{}
 		g.in.charge = g.charge
-		// The connection's admitted requests earn it frames
-		// (limitedConn.earnFrames).
-		if lc := limitedOf(c); lc != nil {
-			lc.guard.Store(g)
-		}
+	}
+	// The connection's admitted requests earn it frames
+	// (limitedConn.earnFrames), and its answers are announced to it
+	// (answersBounded).
+	if lc := limitedOf(c); lc != nil {
+		lc.guard.Store(g)
 	}
 	return g
 }
@@ -197,6 +220,8 @@ type frameLimits struct {
 	// throttled counts the connections whose reads wait for their
 	// budget now (Server.ThrottledConnections).
 	throttled *atomic.Int64
+	// byteTimeout is the server's WriteByteTimeout (frameGuard.byteTimeout).
+	byteTimeout time.Duration
 }
 
 // FramesPerRequest is how many frames carrying no request's work each
@@ -512,7 +537,23 @@ func (g *frameGuard) Read(p []byte) (int, error) {
 func (g *frameGuard) Write(p []byte) (int, error) {
 	g.writeMu.Lock()
 	defer g.writeMu.Unlock()
+	whole := g.out.atFrame()
 	out, acks := g.out.filter(p)
+	switch {
+	case len(g.unsent) > 0:
+		out = append(g.unsent, out...)
+		g.unsent = nil
+		g.keeping.Store(false)
+	case whole && g.out.atFrame() && headersAlone(out):
+		g.keeping.Store(true)
+		if g.answers.Load() > 0 {
+			// An answer's HEADERS: its DATA follows, and takes them along.
+			g.unsent = append(make([]byte, 0, len(out)+unsentRoom), out...)
+			out = nil
+		} else {
+			g.keeping.Store(false)
+		}
+	}
 	if len(out) > 0 {
 		if _, err := g.Conn.Write(out); err != nil {
 			return 0, err
@@ -541,6 +582,86 @@ func (g *frameGuard) Write(p []byte) (int, error) {
 		g.mu.Unlock()
 	}
 	return len(p), nil
+}
+
+// unsentRoom is the room a kept write of HEADERS frames (frameGuard.unsent)
+// is given for the write that takes it along: a unary answer's DATA frame.
+const unsentRoom = 512
+
+// headersAlone reports whether p is one or more whole HEADERS frames, each
+// ending its header block and none its stream: the start of answers whose
+// DATA, or trailers, are still to be written.
+func headersAlone(p []byte) bool {
+	if len(p) == 0 {
+		return false
+	}
+	for len(p) > 0 {
+		if len(p) < 9 || p[3] != frameHeaders || p[4]&(flagEndStream|flagEndHeaders) != flagEndHeaders {
+			return false
+		}
+		n := 9 + (int(p[0])<<16 | int(p[1])<<8 | int(p[2]))
+		if n > len(p) {
+			return false
+		}
+		p = p[n:]
+	}
+	return true
+}
+
+// answerComing announces a unary answer on the connection whose handler
+// has returned: Go's HTTP/2 server writes what is left of it (its HEADERS,
+// then its DATA) or its stream closes. answerDone must follow once its
+// stream has closed.
+func (g *frameGuard) answerComing() { g.answers.Add(1) }
+
+// answerDone notes that an announced answer's stream closed. When no
+// announced answer is left, HEADERS kept for a write that will not come
+// (an answer whose stream its client reset before it was written) are
+// written now.
+func (g *frameGuard) answerDone() {
+	if g.answers.Add(-1) > 0 || !g.keeping.Load() {
+		return
+	}
+	g.writeMu.Lock()
+	defer g.writeMu.Unlock()
+	if len(g.unsent) > 0 && g.answers.Load() == 0 {
+		g.sendUnsentLocked()
+	}
+}
+
+// sendUnsentLocked writes the kept HEADERS frames, bounded as the server
+// bounds its own writes (byteTimeout), its own deadline restored after. A
+// write that fails closes the connection: the server's frames after it
+// would follow a cut frame. g.writeMu is held.
+func (g *frameGuard) sendUnsentLocked() {
+	g.dlMu.Lock()
+	g.releasing = true
+	if g.byteTimeout > 0 {
+		_ = g.Conn.SetWriteDeadline(time.Now().Add(g.byteTimeout))
+	}
+	g.dlMu.Unlock()
+	_, err := g.Conn.Write(g.unsent)
+	g.unsent = nil
+	g.keeping.Store(false)
+	g.dlMu.Lock()
+	g.releasing = false
+	_ = g.Conn.SetWriteDeadline(g.deadline)
+	g.dlMu.Unlock()
+	if err != nil {
+		_ = g.Conn.Close()
+	}
+}
+
+// SetWriteDeadline is the server's deadline for its writes, kept to be
+// restored after a write of the guard's own (sendUnsentLocked).
+func (g *frameGuard) SetWriteDeadline(t time.Time) error {
+	g.dlMu.Lock()
+	defer g.dlMu.Unlock()
+	g.deadline = t
+	if g.releasing {
+		return nil
+	}
+	return g.Conn.SetWriteDeadline(t)
 }
 
 func (g *frameGuard) Close() error {
@@ -667,6 +788,10 @@ type ackFilter struct {
 	// (WINDOW_UPDATE), for the frame budget (frameGuard.windowed).
 	windowed []uint32
 }
+
+// atFrame reports whether the filter is between frames: the next byte
+// written begins a frame's header.
+func (f *ackFilter) atFrame() bool { return f.n == 0 && f.left == 0 && !f.hold }
 
 // saw notes a frame the server writes, from its header: what it earns,
 // the stream it ends, and the stream it gives window.

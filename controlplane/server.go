@@ -639,7 +639,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	srv.Protocols = protocols
 	// Each HTTP/2 connection's frames pass a frameGuard: the server reads
 	// at most MaxFramesAhead of a peer's frames ahead of its writer.
-	frames := frameLimits{burst: max(limits.ControlFrames, 0), rate: limits.ControlFrameRate, clock: s.cfg.Clock, throttled: &s.throttled}
+	frames := frameLimits{burst: max(limits.ControlFrames, 0), rate: limits.ControlFrameRate, clock: s.cfg.Clock, throttled: &s.throttled, byteTimeout: limits.WriteTimeout}
 	if err := guardHTTP2(srv, frames); err != nil {
 		return err
 	}
