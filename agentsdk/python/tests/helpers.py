@@ -40,6 +40,21 @@ def tool_calls(operator: Conn, termination_id: str) -> list[dict]:
     return rec.get("toolCalls", [])
 
 
+def drain_tool(tree):
+    """An openai-agents function tool `drain` that has the operator drain
+    the tree's root and returns once the root is told to drain."""
+    from agents import function_tool  # the openai-agents extra, required by its caller
+
+    @function_tool
+    def drain(x: str) -> str:
+        """Drains the run."""
+        terminate(tree.operator, tree.root.node_id, "drain")
+        assert tree.root.draining.wait(10)
+        return "drained"
+
+    return drain
+
+
 class QuietHandler(http.server.BaseHTTPRequestHandler):
     """A request handler for a test's peer: logs nothing, and has the two
     steps every peer takes (read the request's body, answer a JSON object)."""

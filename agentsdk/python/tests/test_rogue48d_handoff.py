@@ -24,7 +24,7 @@ from agents.testing import ScriptedModel, assistant_message, function_call  # no
 
 from tether_agentsdk.adapters.openai_agents import TetherAgents  # noqa: E402
 from tether_agentsdk.toolgate import ToolRefused  # noqa: E402
-from helpers import terminate  # noqa: E402
+from helpers import drain_tool, terminate  # noqa: E402
 
 set_tracing_disabled(True)
 
@@ -40,12 +40,7 @@ def test_rogue48d_a_handoffs_on_handoff_does_not_run_once_the_agent_taking_it_dr
     async def escalate(ctx, data: Escalation) -> None:
         filed.append(data.reason)  # the application's side effect, the model's input
 
-    @function_tool
-    def drain(x: str) -> str:
-        """Drains the run."""
-        terminate(tree.operator, tree.root.node_id, "drain")
-        assert tree.root.draining.wait(10)
-        return "drained"
+    drain = drain_tool(tree)
 
     @function_tool
     def page(who: str) -> str:

@@ -38,7 +38,7 @@ from openai.types.responses import ResponseCustomToolCall  # noqa: E402
 from tether_agentsdk import current_call  # noqa: E402
 from tether_agentsdk.adapters.openai_agents import TetherAgents  # noqa: E402
 from tether_agentsdk.toolgate import ToolRefused  # noqa: E402
-from helpers import terminate, wait_for  # noqa: E402
+from helpers import drain_tool, terminate, wait_for  # noqa: E402
 
 set_tracing_disabled(True)
 
@@ -90,14 +90,7 @@ def _patch(call_id, path):
 
 def test_rogue48d_a_sandbox_agents_shell_commands_are_gated_and_refused_while_the_run_drains(server, tree, gate, tmp_path):
     seen = []
-
-    @function_tool
-    def drain(x: str) -> str:
-        """Drains the run."""
-        terminate(tree.operator, tree.root.node_id, "drain")
-        assert tree.root.draining.wait(10)
-        return "drained"
-
+    drain = drain_tool(tree)
     model = ScriptedModel([
         [function_call("exec_command", {"cmd": f"touch {tmp_path}/before"}, call_id="c1")],
         [function_call("drain", {"x": "a"}, call_id="c2")],
@@ -155,12 +148,7 @@ def test_rogue48d_a_handoff_targets_sandbox_tools_are_gated_as_its_child_and_ref
 
 
 def test_rogue48d_a_sandbox_agent_whose_memory_agents_would_run_the_shell_after_its_stop_is_refused(server, tree, gate, tmp_path):
-    @function_tool
-    def drain(x: str) -> str:
-        """Drains the run."""
-        terminate(tree.operator, tree.root.node_id, "drain")
-        assert tree.root.draining.wait(10)
-        return "drained"
+    drain = drain_tool(tree)
 
     model = ScriptedModel([
         [function_call("drain", {"x": "a"}, call_id="c1")],
