@@ -40,6 +40,18 @@ def tool_calls(operator: Conn, termination_id: str) -> list[dict]:
     return rec.get("toolCalls", [])
 
 
+def drained_root_record(tree) -> dict:
+    """The operator drains the tree's root, the root confirms its exit, and
+    the termination's record once it is terminated."""
+    term = terminate(tree.operator, tree.root.node_id, "drain", confirm="1s")
+    tree.root.confirm_exit("drained")
+    with tree.operator.stream("SupervisorService", "WatchTermination", {"terminationId": term["terminationId"]}, read_timeout=60) as watch:
+        for msg in watch:
+            if msg.get("termination", {}).get("state") == "TERMINATION_STATE_TERMINATED":
+                break
+    return tree.operator.call("SupervisorService", "GetRecord", {"terminationId": term["terminationId"]})["record"]
+
+
 def drain_tool(tree):
     """An openai-agents function tool `drain` that has the operator drain
     the tree's root and returns once the root is told to drain."""

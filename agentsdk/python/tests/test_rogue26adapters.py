@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from conftest import require_extra
-from helpers import terminate
+from helpers import drained_root_record
 
 require_extra("agents")
 require_extra("langgraph")
@@ -81,12 +81,6 @@ def test_a_sub_agent_refused_its_grant_leaves_no_node_unaccounted(server, tree, 
     with pytest.raises(ToolRefused) as e:
         tether.run_sync(triage, "go")
     assert e.value.code == "permission_denied", e.value
-    term = terminate(tree.operator, tree.root.node_id, "drain", confirm="1s")
-    tree.root.confirm_exit("drained")
-    with tree.operator.stream("SupervisorService", "WatchTermination", {"terminationId": term["terminationId"]}, read_timeout=60) as watch:
-        for msg in watch:
-            if msg.get("termination", {}).get("state") == "TERMINATION_STATE_TERMINATED":
-                break
-    record = tree.operator.call("SupervisorService", "GetRecord", {"terminationId": term["terminationId"]})["record"]
+    record = drained_root_record(tree)
     outcomes = {n["name"]: (n.get("outcome"), n.get("unaccountedReason", "")) for n in record["nodes"]}
     assert all(o == "NODE_OUTCOME_CONFIRMED" for o, _ in outcomes.values()), outcomes

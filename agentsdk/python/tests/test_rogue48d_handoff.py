@@ -24,7 +24,7 @@ from agents.testing import ScriptedModel, assistant_message, function_call  # no
 
 from tether_agentsdk.adapters.openai_agents import TetherAgents  # noqa: E402
 from tether_agentsdk.toolgate import ToolRefused  # noqa: E402
-from helpers import drain_tool, terminate  # noqa: E402
+from helpers import drain_tool, drained_root_record  # noqa: E402
 
 set_tracing_disabled(True)
 
@@ -88,12 +88,6 @@ def test_rogue48d_a_child_spawned_for_a_handoff_its_on_handoff_refuses_leaves_no
     with pytest.raises(Exception, match="no escalations today"):
         tether.run_sync(triage, "go")
     [(child, _)] = tether.children
-    term = terminate(tree.operator, tree.root.node_id, "drain", confirm="1s")
-    tree.root.confirm_exit("drained")
-    with tree.operator.stream("SupervisorService", "WatchTermination", {"terminationId": term["terminationId"]}, read_timeout=60) as watch:
-        for msg in watch:
-            if msg.get("termination", {}).get("state") == "TERMINATION_STATE_TERMINATED":
-                break
-    record = tree.operator.call("SupervisorService", "GetRecord", {"terminationId": term["terminationId"]})["record"]
+    record = drained_root_record(tree)
     outcomes = {n["nodeId"]: n.get("outcome") for n in record["nodes"]}
     assert outcomes.get(child.node_id) == "NODE_OUTCOME_CONFIRMED", outcomes
