@@ -58,11 +58,7 @@ func TestRogue48BAnAncestorsAttestationIsWeighedAgainstTheNodesOwnLifeAfterItsEn
 			if err != nil {
 				t.Fatal(err)
 			}
-			clk.Advance(time.Minute)
-			sess.close()
-			testserver.WaitFor(t, 20*time.Second, "the control plane to see the child's session end", func() bool {
-				return getNode(t, admin, self).SessionClosedAt != nil
-			})
+			endSessionStored(t, admin, clk, sess, self)
 			if tc.after {
 				clk.Advance(time.Minute)
 				// The parent (or the child) at work with the child's
