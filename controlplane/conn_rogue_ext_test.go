@@ -437,22 +437,10 @@ func TestConnectionsAreBoundOverTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := controlplane.New(context.Background(), controlplane.Config{
-		DataDir: t.TempDir(), Listen: ln.Addr().String(), Logger: quietLogger(),
+	srv, _, admin := serveOn(t, ln, controlplane.Config{
 		TLSCert: files.ServerCert, TLSKey: files.ServerKey,
 		Conn: controlplane.ConnLimits{MaxConnections: max, MaxConnectionsPerLineage: 2, PreAuthTimeout: time.Hour},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx, ln) }()
-	t.Cleanup(func() { cancel(); <-done; srv.Close() })
-	admin, err := os.ReadFile(srv.AdminTokenPath)
-	if err != nil {
-		t.Fatal(err)
-	}
 	url := "https://" + ln.Addr().String()
 	client := func(token string) *testserver.Clients {
 		cfg, err := agentsdk.TLSConfig(files.CA, "", "")
@@ -463,7 +451,7 @@ func TestConnectionsAreBoundOverTLS(t *testing.T) {
 		t.Cleanup(hc.CloseIdleConnections)
 		return agentsdk.Dial(url, token, agentsdk.WithHTTPClient(hc))
 	}
-	op := client(strings.TrimSpace(string(admin)))
+	op := client(admin)
 	root := register(t, op, "rogue")
 	for range 2 {
 		if err := whoAmI(client(root.Credential)); err != nil {
@@ -480,7 +468,7 @@ func TestConnectionsAreBoundOverTLS(t *testing.T) {
 		hoard[i] = dial(t, ln.Addr().String())
 	}
 	waitClosed(t, "the oldest connection without a handshake", hoard[0])
-	if err := whoAmI(client(strings.TrimSpace(string(admin)))); err != nil {
+	if err := whoAmI(client(admin)); err != nil {
 		t.Fatalf("the operator over TLS, the server full: %v", err)
 	}
 }

@@ -1,10 +1,7 @@
 package controlplane_test
 
 import (
-	"context"
 	"net"
-	"os"
-	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -54,22 +51,9 @@ func TestRogue48HAUnaryAnswerIsOneWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	ln := &countingListener{Listener: inner}
-	srv, err := controlplane.New(context.Background(), controlplane.Config{
-		DataDir: t.TempDir(), Listen: ln.Addr().String(), Logger: quietLogger(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx, ln) }()
-	t.Cleanup(func() { cancel(); <-done; srv.Close() })
-	admin, err := os.ReadFile(srv.AdminTokenPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, ctx, admin := serveOn(t, ln, controlplane.Config{})
 	url := "http://" + ln.Addr().String()
-	op := agentsdk.Dial(url, strings.TrimSpace(string(admin)))
+	op := agentsdk.Dial(url, admin)
 	root := register(t, op, "rogue48h")
 	agent := agentsdk.Dial(url, root.Credential)
 	read := func() {

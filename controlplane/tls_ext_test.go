@@ -19,6 +19,28 @@ import (
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
+// serveOn starts a control plane of cfg (its data in a new temporary
+// directory, listening at ln's address, logging nothing) serving ln until
+// the test ends, and returns it, the context it runs under and the
+// operator's token.
+func serveOn(t *testing.T, ln net.Listener, cfg controlplane.Config) (*controlplane.Server, context.Context, string) {
+	t.Helper()
+	cfg.DataDir, cfg.Listen, cfg.Logger = t.TempDir(), ln.Addr().String(), quietLogger()
+	srv, err := controlplane.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx, ln) }()
+	t.Cleanup(func() { cancel(); <-done; srv.Close() })
+	admin, err := os.ReadFile(srv.AdminTokenPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, ctx, strings.TrimSpace(string(admin))
+}
+
 func TestHalfConfiguredTransportIsRefused(t *testing.T) {
 	files := testserver.NewTLSFiles(t)
 	for _, tc := range []struct {
@@ -63,26 +85,13 @@ func TestHalfConfiguredTransportIsRefused(t *testing.T) {
 // it signed get through the handshake, and they still need a token.
 func TestMutualTLS(t *testing.T) {
 	files := testserver.NewTLSFiles(t)
-	dir := t.TempDir()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := controlplane.New(context.Background(), controlplane.Config{
-		DataDir: dir, Listen: ln.Addr().String(), Logger: quietLogger(),
+	_, _, admin := serveOn(t, ln, controlplane.Config{
 		TLSCert: files.ServerCert, TLSKey: files.ServerKey, TLSClientCA: files.CA,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx, ln) }()
-	t.Cleanup(func() { cancel(); <-done; srv.Close() })
-	admin, err := os.ReadFile(srv.AdminTokenPath)
-	if err != nil {
-		t.Fatal(err)
-	}
 	url := "https://" + ln.Addr().String()
 	call := func(caFile, cert, key, token string) error {
 		cfg, err := agentsdk.TLSConfig(caFile, cert, key)
@@ -93,7 +102,7 @@ func TestMutualTLS(t *testing.T) {
 		_, err = conn.Auth.WhoAmI(context.Background(), connect.NewRequest(&tetherv1.WhoAmIRequest{}))
 		return err
 	}
-	token := strings.TrimSpace(string(admin))
+	token := admin
 	if err := call(files.CA, files.ClientCert, files.ClientKey, token); err != nil {
 		t.Fatalf("a client with a certificate of the CA: %v", err)
 	}
