@@ -15,6 +15,28 @@ import (
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
+// operatorOpensRoguesPage serves the rogue's page ("my report") on
+// another port of the console's host (base), handing each request for it
+// to rogue first; signs the operator in to the console in the browser of
+// ctx and opens the rogue's page there.
+func operatorOpensRoguesPage(t *testing.T, ctx context.Context, base, operator string, rogue func(http.ResponseWriter, *http.Request)) {
+	t.Helper()
+	evil := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		rogue(rw, r)
+		rw.Header().Set("Content-Type", "text/html; charset=utf-8")
+		_, _ = rw.Write([]byte(`<!doctype html><title>report</title><p>my report</p>`))
+	}))
+	t.Cleanup(evil.Close)
+	if !strings.HasPrefix(evil.URL, "http://127.0.0.1:") || !strings.HasPrefix(base, "http://127.0.0.1:") {
+		t.Fatalf("the rogue's page (%s) and the console (%s) are not on the same host", evil.URL, base)
+	}
+	signInBrowser(t, ctx, base, operator)
+	run(t, ctx, "the operator opens the rogue's page",
+		chromedp.Navigate(evil.URL),
+		chromedp.WaitVisible(chromedp.CSS("p")),
+	)
+}
+
 // TestRogue47DASessionCookieSentToAnotherPortCannotAct: cookies are not
 // isolated by port (RFC 6265 §8.5), so the browser sends the console's
 // session cookie, HttpOnly or not, with every request to any port of the
@@ -41,22 +63,11 @@ func TestRogue47DASessionCookieSentToAnotherPortCannotAct(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var stolen []*http.Cookie
-	evil := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+	operatorOpensRoguesPage(t, ctx, base, operator, func(_ http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		stolen = append(stolen, r.Cookies()...)
 		mu.Unlock()
-		rw.Header().Set("Content-Type", "text/html; charset=utf-8")
-		_, _ = rw.Write([]byte(`<!doctype html><title>report</title><p>my report</p>`))
-	}))
-	t.Cleanup(evil.Close)
-	if !strings.HasPrefix(evil.URL, "http://127.0.0.1:") || !strings.HasPrefix(base, "http://127.0.0.1:") {
-		t.Fatalf("the rogue's page (%s) and the console (%s) are not on the same host", evil.URL, base)
-	}
-	signInBrowser(t, ctx, base, operator)
-	run(t, ctx, "the operator opens the rogue's page",
-		chromedp.Navigate(evil.URL),
-		chromedp.WaitVisible(chromedp.CSS("p")),
-	)
+	})
 
 	// The rogue's own client, with whatever cookies the browser sent it.
 	mu.Lock()

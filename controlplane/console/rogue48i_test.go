@@ -3,7 +3,6 @@ package console_test
 import (
 	"context"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"strconv"
 	"strings"
@@ -41,20 +40,9 @@ func TestRogue48IACookieSetForItsPathCannotHideTheRogueFromItsOperator(t *testin
 	srv, rogue, operator := rogue45AWorld(t)
 	base := srv.URL
 	rogueNode := "/ui/nodes/" + rogue.NodeId
-	evil := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+	operatorOpensRoguesPage(t, ctx, base, operator, func(rw http.ResponseWriter, _ *http.Request) {
 		http.SetCookie(rw, &http.Cookie{Name: "tether_console", Value: "gone", Path: rogueNode, MaxAge: 86400})
-		rw.Header().Set("Content-Type", "text/html; charset=utf-8")
-		_, _ = rw.Write([]byte(`<!doctype html><title>report</title><p>my report</p>`))
-	}))
-	t.Cleanup(evil.Close)
-	if !strings.HasPrefix(evil.URL, "http://127.0.0.1:") || !strings.HasPrefix(base, "http://127.0.0.1:") {
-		t.Fatalf("the rogue's page (%s) and the console (%s) are not on the same host", evil.URL, base)
-	}
-	signInBrowser(t, ctx, base, operator)
-	run(t, ctx, "the operator opens the rogue's page",
-		chromedp.Navigate(evil.URL),
-		chromedp.WaitVisible(chromedp.CSS("p")),
-	)
+	})
 	run(t, ctx, "the operator opens the rogue's node page",
 		chromedp.Navigate(base+rogueNode),
 		chromedp.WaitVisible(chromedp.CSS("#terminate-form, #tree, #token")),
