@@ -96,6 +96,22 @@ func feedStallingPair(t *testing.T, opts ...testserver.Option) (a, b *testserver
 	return a, b, lagB
 }
 
+// revokeOnAWithBsFeedStalled stalls B's revocation feed (until the
+// returned resume, or the test's end), has the operator revoke on A the
+// leaked credential or token req names, which A acknowledges, and checks
+// that A refuses token, of the kind what, at once.
+func revokeOnAWithBsFeedStalled(t *testing.T, ctx context.Context, a *testserver.Server, lagB *stallingStore, req *tetherv1.RevokeTokenRequest, token, what string) (resume func()) {
+	t.Helper()
+	resume = lagB.stall()
+	t.Cleanup(resume)
+	req.Reason = "leaked in a build log"
+	if _, err := a.AdminClients().Auth.RevokeToken(ctx, connect.NewRequest(req)); err != nil {
+		t.Fatalf("revoking the leaked %s on A: %v", what, err)
+	}
+	wantLimit(t, "a call with the revoked "+what+" on A", whoAmI(a.Clients(token)), connect.CodeUnauthenticated, "revoked")
+	return resume
+}
+
 // TestRogue47AACredentialRevokedOnOneReplicaIsNotRefreshedOnAnotherWhoseFeedLags:
 // the rogue holding a worker's leaked credential talks to replica B,
 // whose revocation feed follows etcd late (here its watch delivers
@@ -128,12 +144,7 @@ func TestRogue47AACredentialRevokedOnOneReplicaIsNotRefreshedOnAnotherWhoseFeedL
 	}
 	clk.Advance(11 * time.Minute) // of 15: 4 minutes left, a refresh due
 
-	resume := lagB.stall()
-	defer resume()
-	if _, err := admin.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{Token: leaked, Reason: "leaked in a build log"})); err != nil {
-		t.Fatalf("revoking the leaked credential by value on A: %v", err)
-	}
-	wantLimit(t, "a call with the revoked credential on A", whoAmI(a.Clients(leaked)), connect.CodeUnauthenticated, "revoked")
+	resume := revokeOnAWithBsFeedStalled(t, ctx, a, lagB, &tetherv1.RevokeTokenRequest{Token: leaked}, leaked, "credential")
 	clk.Advance(10 * time.Second) // past the credentials' 5-second leeway
 
 	hb, hbErr := b.Clients(leaked).Agent.Heartbeat(ctx, connect.NewRequest(&tetherv1.HeartbeatRequest{NodeId: node}))
@@ -194,12 +205,7 @@ func TestRogue47AARevokedAdminTokenMintsNoTokenOnAReplicaWhoseFeedLags(t *testin
 		t.Fatalf("the admin token's first call through B: %v", err)
 	}
 
-	resume := lagB.stall()
-	defer resume()
-	if _, err := adminA.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{TokenId: leaked.Msg.TokenId, Reason: "leaked in a build log"})); err != nil {
-		t.Fatal(err)
-	}
-	wantLimit(t, "a call with the revoked admin token on A", whoAmI(a.Clients(leaked.Msg.Token)), connect.CodeUnauthenticated, "revoked")
+	resume := revokeOnAWithBsFeedStalled(t, ctx, a, lagB, &tetherv1.RevokeTokenRequest{TokenId: leaked.Msg.TokenId}, leaked.Msg.Token, "admin token")
 
 	var (
 		minted   []string

@@ -46,12 +46,7 @@ func TestRogue48CRevokedCredentialSpawnsNoChildOnAReplicaWhoseFeedLags(t *testin
 		t.Fatalf("the worker's first call through B: %v", err)
 	}
 
-	resume := lagB.stall()
-	defer resume()
-	if _, err := admin.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{Token: leaked, Reason: "leaked in a build log"})); err != nil {
-		t.Fatalf("revoking the leaked credential by value on A: %v", err)
-	}
-	wantLimit(t, "a call with the revoked credential on A", whoAmI(a.Clients(leaked)), connect.CodeUnauthenticated, "revoked")
+	resume := revokeOnAWithBsFeedStalled(t, ctx, a, lagB, &tetherv1.RevokeTokenRequest{Token: leaked}, leaked, "credential")
 
 	rogue := b.Clients(leaked)
 	var (
@@ -118,12 +113,7 @@ func TestRogue48CRevokedOperatorTokenRegistersNoRootOnAReplicaWhoseFeedLags(t *t
 	}
 	worker := register(t, adminA, "worker")
 
-	resume := lagB.stall()
-	defer resume()
-	if _, err := adminA.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{TokenId: leaked.Msg.TokenId, Reason: "leaked in a build log"})); err != nil {
-		t.Fatal(err)
-	}
-	wantLimit(t, "a call with the revoked operator token on A", whoAmI(a.Clients(leaked.Msg.Token)), connect.CodeUnauthenticated, "revoked")
+	resume := revokeOnAWithBsFeedStalled(t, ctx, a, lagB, &tetherv1.RevokeTokenRequest{TokenId: leaked.Msg.TokenId}, leaked.Msg.Token, "operator token")
 
 	got, err := b.Clients(leaked.Msg.Token).Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "stowaway"}))
 	if err == nil {
@@ -248,12 +238,7 @@ func TestRogue48CRevokedCredentialDelegatesNoGrantOnAReplicaWhoseFeedLags(t *tes
 	leaked := worker.Credential
 	stowaway := spawn(t, b.Clients(leaked), worker.Node.NodeId, "stowaway")
 
-	resume := lagB.stall()
-	defer resume()
-	if _, err := admin.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{Token: leaked, Reason: "leaked in a build log"})); err != nil {
-		t.Fatalf("revoking the leaked credential by value on A: %v", err)
-	}
-	wantLimit(t, "a call with the revoked credential on A", whoAmI(a.Clients(leaked)), connect.CodeUnauthenticated, "revoked")
+	resume := revokeOnAWithBsFeedStalled(t, ctx, a, lagB, &tetherv1.RevokeTokenRequest{Token: leaked}, leaked, "credential")
 
 	got, err := b.Clients(leaked).Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: grant.grant.GrantId, HolderNodeId: stowaway.Node.NodeId, Scopes: []string{"files:*"}}))
 	if err == nil {
