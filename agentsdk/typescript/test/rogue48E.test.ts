@@ -65,19 +65,47 @@ const registrySearch = (ran: string[]) =>
     },
   });
 
+/**
+ * A scope at gate gateName and its run's agent, triage, with
+ * registrySearch(ran) and a `drain` tool that drains the scope, its model
+ * answering turns.
+ */
+async function searchingTriage(gateName: string, turns: ConstructorParameters<typeof ScriptedModel>[0]) {
+  const { recorded, gate, scope } = await server.recordedRootScope(gateName, "triage", ["tool:*"]);
+  const ran: string[] = [];
+  const draining = echoAfter("drain", () => server.drained(scope));
+  const triage = new OpenAIAgent({ name: "triage", instructions: "t", tools: [registrySearch(ran), draining], model: new ScriptedModel(turns) });
+  return { recorded, gate, scope, ran, triage };
+}
+
+/**
+ * Runs, at gate gateName, triage with a deferred `lookup` tool of its own
+ * (recording into ran) and the client search searchOf(lookup) makes, its
+ * model searching and then calling lookup.
+ */
+async function deferredLookupRun(gateName: string, searchOf: (lookup: Tool<any>) => Tool<any>) {
+  const { recorded, gate, scope } = await server.recordedRootScope(gateName, "triage", ["tool:*"]);
+  const ran: string[] = [];
+  const lookup = { ...recording("lookup", ran), deferLoading: true };
+  const model = new ScriptedModel([
+    [searchCall("1", "lookup")],
+    [functionCall("lookup", { x: "a" }, { callId: "2" })],
+    [assistantMessage("done")],
+  ]);
+  const triage = new OpenAIAgent({ name: "triage", instructions: "t", tools: [searchOf(lookup), lookup], model });
+  await runTethered(scope, triage, "go");
+  return { recorded, gate, scope, ran };
+}
+
 describe("rogue48E: the client tool search's executor and the tools it loads", () => {
   test("a tool the search loads is gated as the run's node and refused while it drains", async () => {
-    const { recorded, gate, scope } = await server.recordedRootScope("r48e-gate-1", "triage", ["tool:*"]);
-    const ran: string[] = [];
-    const draining = echoAfter("drain", () => server.drained(scope));
-    const model = new ScriptedModel([
+    const { recorded, gate, scope, ran, triage } = await searchingTriage("r48e-gate-1", [
       [searchCall("1", "cleanup")],
       [functionCall("delete", { x: "/tmp/a" }, { callId: "2" })],
       [functionCall("drain", { x: "a" }, { callId: "3" })],
       [functionCall("delete", { x: "/data" }, { callId: "4" })],
       [assistantMessage("done")],
     ]);
-    const triage = new OpenAIAgent({ name: "triage", instructions: "t", tools: [registrySearch(ran), draining], model });
     await runTethered(scope, triage, "go");
     // Before: ['search {"query":"cleanup"}', "delete /tmp/a", "delete /data"],
     // the second delete after the drain, the ledger holding "drain" alone.
@@ -94,16 +122,12 @@ describe("rogue48E: the client tool search's executor and the tools it loads", (
   });
 
   test("the search itself is refused while the run drains, and loads nothing", async () => {
-    const { recorded, gate, scope } = await server.recordedRootScope("r48e-gate-2", "triage", ["tool:*"]);
-    const ran: string[] = [];
-    const draining = echoAfter("drain", () => server.drained(scope));
-    const model = new ScriptedModel([
+    const { recorded, gate, scope, ran, triage } = await searchingTriage("r48e-gate-2", [
       [functionCall("drain", { x: "a" }, { callId: "1" })],
       [searchCall("2", "cleanup")],
       [functionCall("delete", { x: "/data" }, { callId: "3" })],
       [assistantMessage("done")],
     ]);
-    const triage = new OpenAIAgent({ name: "triage", instructions: "t", tools: [registrySearch(ran), draining], model });
     // The delete the refused search did not load is no tool of the run: the
     // framework ends the run on it (a model asking for a tool it lacks).
     await runTethered(scope, triage, "go").catch(() => {});
@@ -118,17 +142,9 @@ describe("rogue48E: the client tool search's executor and the tools it loads", (
   });
 
   test("a deferred tool of the agent's own the search hands back is gated once, as the run's node", async () => {
-    const { recorded, gate, scope } = await server.recordedRootScope("r48e-gate-4", "triage", ["tool:*"]);
-    const ran: string[] = [];
-    const lookup = { ...recording("lookup", ran), deferLoading: true };
-    const search = toolSearchTool({ execution: "client", execute: ({ loadDefault }) => loadDefault(["lookup"]) });
-    const model = new ScriptedModel([
-      [searchCall("1", "lookup")],
-      [functionCall("lookup", { x: "a" }, { callId: "2" })],
-      [assistantMessage("done")],
-    ]);
-    const triage = new OpenAIAgent({ name: "triage", instructions: "t", tools: [search, lookup], model });
-    await runTethered(scope, triage, "go");
+    const { recorded, gate, scope, ran } = await deferredLookupRun("r48e-gate-4", () =>
+      toolSearchTool({ execution: "client", execute: ({ loadDefault }) => loadDefault(["lookup"]) }),
+    );
     assert.deepEqual(ran, ["lookup a"]);
     assert.deepEqual(
       recorded.map((c) => [c.tool, c.nodeId]),
@@ -141,17 +157,7 @@ describe("rogue48E: the client tool search's executor and the tools it loads", (
   });
 
   test("a deferred tool of the agent's own the search returns as it was given is its gated copy", async () => {
-    const { recorded, gate, scope } = await server.recordedRootScope("r48e-gate-6", "triage", ["tool:*"]);
-    const ran: string[] = [];
-    const lookup = { ...recording("lookup", ran), deferLoading: true };
-    const search = toolSearchTool({ execution: "client", execute: () => [lookup] });
-    const model = new ScriptedModel([
-      [searchCall("1", "lookup")],
-      [functionCall("lookup", { x: "a" }, { callId: "2" })],
-      [assistantMessage("done")],
-    ]);
-    const triage = new OpenAIAgent({ name: "triage", instructions: "t", tools: [search, lookup], model });
-    await runTethered(scope, triage, "go");
+    const { recorded, gate, ran } = await deferredLookupRun("r48e-gate-6", (lookup) => toolSearchTool({ execution: "client", execute: () => [lookup] }));
     assert.deepEqual(ran, ["lookup a"]);
     assert.deepEqual(
       recorded.map((c) => c.tool),
