@@ -1,5 +1,7 @@
-// A function tool for the @openai/agents adapter tests.
+// A function tool for the @openai/agents adapter tests, and a scripted
+// model's call of a sandbox shell's command.
 import { tool } from "@openai/agents";
+import { functionCall } from "@openai/agents/testing";
 import { z } from "zod";
 
 /** A function tool named name that answers `${name} ${x}`. */
@@ -17,3 +19,11 @@ export const echoAfter = (name: string, before: () => Promise<void>): ReturnType
     },
   };
 };
+
+/**
+ * A scripted model's call (callId) of a sandbox shell capability's
+ * exec_command running cmd. yield_time_ms: the local sandbox waits for a
+ * command's exit up to this long on a timer it leaves running (10 s by
+ * default, holding the test process after its tests).
+ */
+export const exec = (cmd: string, callId: string) => functionCall("exec_command", { cmd, login: false, yield_time_ms: 1000 }, { callId });

@@ -30,7 +30,7 @@ import { createReactAgent } from "@langchain/langgraph/prebuilt";
 import { gateTools, invokeTethered } from "../src/adapters/langgraph.js";
 import { runTethered, tetherAgent } from "../src/adapters/openai-agents.js";
 import { CallResolution } from "../src/index.js";
-import { echoAfter } from "./echo.js";
+import { echoAfter, exec } from "./echo.js";
 import { serveTests, type TestServer } from "./server.js";
 
 setTracingDisabled(true);
@@ -213,13 +213,10 @@ describe("rogue48E: a sandbox agent's capability tools", () => {
     const dir = mkdtempSync(join(tmpdir(), "r48e-sandbox-"));
     try {
       const draining = echoAfter("drain", () => server.drained(scope));
-      // yield_time_ms: the local sandbox waits for a command's exit up to
-      // this long on a timer it leaves running (10 s by default, holding the
-      // test process after its tests).
       const model = new ScriptedModel([
-        [functionCall("exec_command", { cmd: `touch ${join(dir, "before")}`, login: false, yield_time_ms: 1000 }, { callId: "1" })],
+        [exec(`touch ${join(dir, "before")}`, "1")],
         [functionCall("drain", { x: "a" }, { callId: "2" })],
-        [functionCall("exec_command", { cmd: `touch ${join(dir, "after")}`, login: false, yield_time_ms: 1000 }, { callId: "3" })],
+        [exec(`touch ${join(dir, "after")}`, "3")],
         [assistantMessage("done")],
       ]);
       const builder = new SandboxAgent({ name: "builder", instructions: "b", tools: [draining], capabilities: [shell()], model });

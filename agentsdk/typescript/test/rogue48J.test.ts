@@ -25,16 +25,12 @@ import { UnixLocalSandboxClient } from "@openai/agents/sandbox/local";
 import { ScriptedModel, assistantMessage, functionCall, modelResponder } from "@openai/agents/testing";
 
 import { runTethered, tetherAgent, tetherAgentTool } from "../src/adapters/openai-agents.js";
-import { echoAfter } from "./echo.js";
+import { echoAfter, exec } from "./echo.js";
 import { serveTests, TestServer } from "./server.js";
 
 setTracingDisabled(true);
 let server: TestServer;
 serveTests((s) => (server = s));
-
-// yield_time_ms: the local sandbox waits for a command's exit up to this
-// long on a timer it leaves running (10 s by default).
-const exec = (cmd: string, callId: string) => functionCall("exec_command", { cmd, login: false, yield_time_ms: 1000 }, { callId });
 
 /**
  * The framework's memory models: phase one runs the command the run's
