@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
@@ -47,13 +46,7 @@ func TestRogue45EAnotherTreesStopsAndLookAlikesDoNotMakeARolloutReadTheCluster(t
 	admin := srv.AdminClients()
 	ctx := context.Background()
 	registerLabelled(t, admin, "web-v1", map[string]string{"version": "v1"})
-	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: 1,
-		DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Second), BatchDeadline: durationpb.New(time.Minute)})
-	r = waitRollout(t, srv, r.RolloutId, "to start a batch", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 1 })
-	launcherConfirmsExit(t, admin, r.Batches[0].NodeIds[0])
-	waitRollout(t, srv, r.RolloutId, "to terminate batch 0", func(r *tetherv1.Rollout) bool { return r.Batches[0].TerminatedAt != nil })
-	clk.Advance(time.Minute) // past batch 0's deadline, no replacement: paused
-	waitRollout(t, srv, r.RolloutId, "to pause", func(r *tetherv1.Rollout) bool { return r.State == tetherv1.RolloutState_ROLLOUT_STATE_PAUSED })
+	r := rolloutPausedAtItsFirstDeadline(t, srv, admin, clk)
 
 	rogue := register(t, admin, "rogue")
 	rogueClients := srv.Clients(rogue.Credential)

@@ -40,15 +40,7 @@ func TestRogue48AAReplacementThatLeavesAfterItsBatchDoesNotStallTheRolloutSilent
 	for _, name := range []string{"w1", "w2"} {
 		workers[spawnLabelled(t, pc, planner.Node.NodeId, name, map[string]string{"version": "v1"}).Node.NodeId] = true
 	}
-	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: 1,
-		DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Second), BatchDeadline: durationpb.New(time.Minute)})
-	r = waitRollout(t, srv, r.RolloutId, "to start a batch", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 1 })
-	launcherConfirmsExit(t, admin, r.Batches[0].NodeIds[0])
-	waitRollout(t, srv, r.RolloutId, "to terminate batch 0", func(r *tetherv1.Rollout) bool { return r.Batches[0].TerminatedAt != nil })
-	clk.Advance(time.Minute)
-	waitRollout(t, srv, r.RolloutId, "to pause at batch 0's deadline", func(r *tetherv1.Rollout) bool {
-		return r.State == tetherv1.RolloutState_ROLLOUT_STATE_PAUSED
-	})
+	r := rolloutPausedAtItsFirstDeadline(t, srv, admin, clk)
 
 	// The late replacement: the planner's child, standing in for the
 	// planner's drained worker. The paused rollout finishes batch 0 on it.

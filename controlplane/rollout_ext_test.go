@@ -594,6 +594,21 @@ func launcherConfirmsExit(t *testing.T, c *testserver.Clients, node string) {
 	}
 }
 
+// rolloutPausedAtItsFirstDeadline starts a rollout of the nodes labelled
+// version=v1 to version=v2, a batch of one with a minute's deadline; the
+// launcher confirms the exit of batch 0's node, and clk passes the batch's
+// deadline with no replacement: it returns the rollout, paused.
+func rolloutPausedAtItsFirstDeadline(t *testing.T, srv *testserver.Server, admin *testserver.Clients, clk *clock.Manual) *tetherv1.Rollout {
+	t.Helper()
+	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: 1,
+		DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Second), BatchDeadline: durationpb.New(time.Minute)})
+	r = waitRollout(t, srv, r.RolloutId, "to start a batch", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 1 })
+	launcherConfirmsExit(t, admin, r.Batches[0].NodeIds[0])
+	waitRollout(t, srv, r.RolloutId, "to terminate batch 0", func(r *tetherv1.Rollout) bool { return r.Batches[0].TerminatedAt != nil })
+	clk.Advance(time.Minute) // past batch 0's deadline, no replacement: paused
+	return waitRollout(t, srv, r.RolloutId, "to pause at batch 0's deadline", func(r *tetherv1.Rollout) bool { return r.State == tetherv1.RolloutState_ROLLOUT_STATE_PAUSED })
+}
+
 func reportReady(t *testing.T, c *testserver.Clients, node string) {
 	t.Helper()
 	if _, err := c.Agent.ReportReady(context.Background(), connect.NewRequest(&tetherv1.ReportReadyRequest{NodeId: node})); err != nil {
@@ -612,13 +627,7 @@ func TestRolloutBatchMissingItsDeadlinePausesAndResumes(t *testing.T) {
 	for i := range 2 {
 		old = append(old, registerLabelled(t, admin, fmt.Sprintf("a%d", i), map[string]string{"version": "v1"}).Node.NodeId)
 	}
-	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: 1,
-		DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Second), BatchDeadline: durationpb.New(time.Minute)})
-	r = waitRollout(t, srv, r.RolloutId, "to start a batch", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 1 })
-	launcherConfirmsExit(t, admin, r.Batches[0].NodeIds[0])
-	waitRollout(t, srv, r.RolloutId, "to terminate batch 0", func(r *tetherv1.Rollout) bool { return r.Batches[0].TerminatedAt != nil })
-	clk.Advance(time.Minute)
-	r = waitRollout(t, srv, r.RolloutId, "to pause", func(r *tetherv1.Rollout) bool { return r.State == tetherv1.RolloutState_ROLLOUT_STATE_PAUSED })
+	r := rolloutPausedAtItsFirstDeadline(t, srv, admin, clk)
 	if want := `0 of 1 replacements matching "version=v2" are ready`; !strings.Contains(r.Reason, want) {
 		t.Fatalf("pause reason %q, want it to say %q", r.Reason, want)
 	}
