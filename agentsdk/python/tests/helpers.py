@@ -67,6 +67,24 @@ def drain_tool(tree):
     return drain
 
 
+def abort_child_tool(tree, tether, *, confirm: str = "60s"):
+    """An openai-agents function tool `abort` that has the operator abort
+    the only child tether spawned and returns once the child is aborting."""
+    from agents import function_tool  # the openai-agents extra, required by its caller
+
+    @function_tool
+    def abort(x: str) -> str:
+        """Aborts the run's child."""
+        [(child, _)] = tether.children
+        terminate(tree.operator, child.node_id, "abort", confirm=confirm)
+        wait_for("the child aborting", lambda: tree.operator.call(
+            "AgentService", "GetNode", {"nodeId": child.node_id})["node"]["state"] in (
+            "NODE_STATE_ABORTING", "NODE_STATE_TERMINATED"))
+        return "aborted"
+
+    return abort
+
+
 class QuietHandler(http.server.BaseHTTPRequestHandler):
     """A request handler for a test's peer: logs nothing, and has the two
     steps every peer takes (read the request's body, answer a JSON object)."""

@@ -26,7 +26,7 @@ from openai.types.responses import ResponseFunctionShellToolCall  # noqa: E402
 from tether_agentsdk import current_call  # noqa: E402
 from tether_agentsdk.adapters.openai_agents import TetherAgents  # noqa: E402
 from tether_agentsdk.toolgate import ToolRefused  # noqa: E402
-from helpers import terminate, wait_for  # noqa: E402
+from helpers import abort_child_tool, terminate  # noqa: E402
 
 set_tracing_disabled(True)
 
@@ -90,15 +90,7 @@ def test_rogue47b_an_editor_a_handoff_target_holds_is_gated_as_its_child_and_ref
 
     tether = TetherAgents(tree.root, gate, token=tree.root_token, grant_id=tree.root_grant_id)
 
-    @function_tool
-    def abort(x: str) -> str:
-        """Aborts the editor's child."""
-        [(child, _)] = tether.children
-        terminate(tree.operator, child.node_id, "abort", confirm="1s")
-        wait_for("the editor aborting", lambda: tree.operator.call(
-            "AgentService", "GetNode", {"nodeId": child.node_id})["node"]["state"] in (
-            "NODE_STATE_ABORTING", "NODE_STATE_TERMINATED"))
-        return "aborted"
+    abort = abort_child_tool(tree, tether, confirm="1s")
 
     model = ScriptedModel([
         [function_call("transfer_to_editor", {}, call_id="c1")],

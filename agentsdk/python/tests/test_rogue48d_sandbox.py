@@ -24,7 +24,7 @@ from conftest import require_extra
 
 require_extra("agents")
 
-from agents import RunConfig, function_tool, set_tracing_disabled  # noqa: E402
+from agents import RunConfig, set_tracing_disabled  # noqa: E402
 from agents import Agent as SDKAgent  # noqa: E402
 from agents.run_config import SandboxRunConfig  # noqa: E402
 from agents.sandbox.config import MemoryGenerateConfig  # noqa: E402
@@ -38,7 +38,7 @@ from openai.types.responses import ResponseCustomToolCall  # noqa: E402
 from tether_agentsdk import current_call  # noqa: E402
 from tether_agentsdk.adapters.openai_agents import TetherAgents  # noqa: E402
 from tether_agentsdk.toolgate import ToolRefused  # noqa: E402
-from helpers import drain_tool, terminate, wait_for  # noqa: E402
+from helpers import abort_child_tool, drain_tool  # noqa: E402
 
 set_tracing_disabled(True)
 
@@ -114,15 +114,7 @@ def test_rogue48d_a_handoff_targets_sandbox_tools_are_gated_as_its_child_and_ref
     tether = TetherAgents(tree.root, gate, token=tree.root_token, grant_id=tree.root_grant_id)
     seen = []
 
-    @function_tool
-    def abort(x: str) -> str:
-        """Aborts the sandbox agent's child."""
-        [(child, _)] = tether.children
-        terminate(tree.operator, child.node_id, "abort")
-        wait_for("the child aborting", lambda: tree.operator.call(
-            "AgentService", "GetNode", {"nodeId": child.node_id})["node"]["state"] in (
-            "NODE_STATE_ABORTING", "NODE_STATE_TERMINATED"))
-        return "aborted"
+    abort = abort_child_tool(tree, tether)
 
     model = ScriptedModel([
         [function_call("transfer_to_box", {}, call_id="c1")],
