@@ -67,6 +67,11 @@ func getTokenInfo(tx store.ReadTxn, id string) (*tetherv1.TokenInfo, error) {
 	if err != nil {
 		return nil, err
 	}
+	return decodeTokenInfo(id, raw)
+}
+
+// decodeTokenInfo decodes the record raw of the token id.
+func decodeTokenInfo(id string, raw []byte) (*tetherv1.TokenInfo, error) {
 	info := &tetherv1.TokenInfo{}
 	if err := proto.Unmarshal(raw, info); err != nil {
 		return nil, fmt.Errorf("controlplane: token record %s does not decode: %w", id, err)
@@ -132,9 +137,9 @@ func asCaller(p auth.Principal) tree.Caller {
 		if raw == nil {
 			return nil
 		}
-		info := &tetherv1.TokenInfo{}
-		if err := proto.Unmarshal(raw, info); err != nil {
-			return fmt.Errorf("controlplane: token record %s does not decode: %w", p.TokenID, err)
+		info, err := decodeTokenInfo(p.TokenID, raw)
+		if err != nil {
+			return err
 		}
 		if info.RevokedAt != nil {
 			return errTokenRevoked(p.TokenID)
